@@ -1,0 +1,207 @@
+"""Routing attention (Algorithm 1 of Roy et al., 2021): attention inside balanced k-means clusters.
+
+For routing heads with q, k, v of shape [b, h, n, d] and centroids mu of shape [h, c, d]:
+normalise q and k (LayerNorm without scale), score every position against every centroid, let each
+centroid c take the `window` = w best positions (sorted back into sequence order), attend inside
+each w x w cluster block (causal triangle in causal mode, unscaled logits), and scatter the cluster
+outputs back, dividing by how many clusters each position is in (+ 1e-2).
+Cost O(n c d + c w^2 d); with c = n / w and w ~ sqrt(n) this is O(n^1.5 d).
+"""
+import tensorflow as tf
+
+from routing_transformer.attention import common
+
+COUNT_EPSILON = 1e-2
+
+
+def centroid_scores(x_hat, centroids):
+  """Dot products of normalised vectors with centroids.
+
+  Args:
+    x_hat: [b, h, n, d].
+    centroids: [h, c, d].
+  Returns:
+    [b, h, c, n] scores mu_c . x_i.
+  """
+  return tf.einsum("hcd,bhnd->bhcn", tf.cast(centroids, x_hat.dtype), x_hat)
+
+
+def top_window(scores, window, padding=None):
+  """Balanced cluster membership: the `window` best positions per centroid, in sequence order.
+
+  Args:
+    scores: [b, h, c, n].
+    window: w, members per cluster (w <= n).
+    padding: optional bool [b, n]; padding positions lose every tie with real positions.
+  Returns:
+    int32 [b, h, c, w], ascending along the last axis.
+  """
+  if padding is not None:
+    scores = tf.where(padding[:, tf.newaxis, tf.newaxis, :], common.mask_value(scores.dtype),
+                      scores)
+  _, indices = tf.math.top_k(scores, k=window, sorted=False)
+  return tf.sort(indices, axis=-1)
+
+
+def gather_clusters(x, indices):
+  """Gathers cluster members.
+
+  Args:
+    x: [b, h, n, ...].
+    indices: int32 [b, h, c, w].
+  Returns:
+    [b, h, c, w, ...].
+  """
+  return tf.gather(x, indices, axis=2, batch_dims=2)
+
+
+def scatter_clusters(values, indices, length):
+  """Sums cluster outputs back onto their positions (inverse of `gather_clusters`).
+
+  Args:
+    values: [b, h, c, w, d].
+    indices: int32 [b, h, c, w] positions in [0, length).
+    length: n.
+  Returns:
+    [b, h, n, d]: out[i] = sum of values at the (c, w) slots whose index is i.
+  """
+  shape = tf.shape(values)
+  batch, heads, depth = shape[0], shape[1], shape[4]
+  offsets = tf.reshape(tf.range(batch * heads) * length, [batch, heads, 1, 1])
+  segments = tf.reshape(indices + offsets, [-1])
+  flat = tf.reshape(values, [-1, depth])
+  summed = tf.math.unsorted_segment_sum(flat, segments, batch * heads * length)
+  return tf.reshape(summed, [batch, heads, length, values.shape[4]])
+
+
+def assignments(scores, padding=None):
+  """Hard k-means assignment of every position to its best centroid.
+
+  Args:
+    scores: [b, h, c, n] from `centroid_scores`.
+    padding: optional bool [b, n]; padding rows of the one-hot are zero.
+  Returns:
+    (clusters int32 [b, h, n], one_hot [b, h, n, c] of scores' dtype).
+  """
+  clusters = tf.argmax(scores, axis=2, output_type=tf.int32)
+  one_hot = tf.one_hot(clusters, scores.shape[2], dtype=scores.dtype)
+  if padding is not None:
+    one_hot *= tf.cast(tf.logical_not(padding), scores.dtype)[:, tf.newaxis, :, tf.newaxis]
+  return clusters, one_hot
+
+
+def centroid_distance(x_hat, centroids, one_hot):
+  """mean((x - mu[assigned])^2) over non-padding positions, heads and depth.
+
+  Args:
+    x_hat: [b, h, n, d].
+    centroids: [h, c, d].
+    one_hot: [b, h, n, c] assignments (all-zero rows are padding and do not count).
+  Returns:
+    float32 scalar.
+  """
+  assigned = tf.einsum("bhnc,hcd->bhnd", one_hot, tf.cast(centroids, x_hat.dtype))
+  weight = tf.reduce_sum(one_hot, axis=-1, keepdims=True)  # 1 for real positions, 0 for padding
+  squared = tf.cast(tf.square(x_hat - assigned) * weight, tf.float32)
+  denominator = tf.cast(tf.reduce_sum(weight), tf.float32) * x_hat.shape[-1]
+  return tf.reduce_sum(squared) / tf.maximum(denominator, 1.0)
+
+
+def commitment_loss(x_hat, centroids, one_hot):
+  """mean((x - stop_gradient(mu[assigned]))^2): pulls the vectors towards their centroids."""
+  return centroid_distance(x_hat, tf.stop_gradient(centroids), one_hot)
+
+
+def check_routing(length, depth, centroids, window, name):
+  """Validates the centroid table and the window; raises ValueError naming the fix."""
+  if centroids.shape.rank != 3 or centroids.shape[2] != depth:
+    raise ValueError(
+        "%s: centroids must have shape [heads, num_clusters, %d], got %s."
+        % (name, depth, centroids.shape))
+  if not 0 < window <= length:
+    raise ValueError(
+        "%s: window %d must be in [1, length=%d]; lower sparsity_cluster_attention_window or "
+        "raise max_length." % (name, window, length))
+
+
+def routing_attention(q, k, v, centroids, window, causal=True, share_qk=True, padding=None,
+                      relative_keys=None, relative_values=None):
+  """Content-based sparse attention inside balanced clusters (SPEC section 2).
+
+  Args:
+    q, k, v: [b, h, n, d] routing-head queries, keys, values.
+    centroids: [h, c, d] k-means centroids (queries and keys share them).
+    window: w, members per cluster.
+    causal: in-cluster causal mask (key position <= query position); key members = query
+      members. Non-causal: keys are routed separately (unless share_qk) and not masked.
+    share_qk: keys are the queries (k_hat = q_hat); `k` is then ignored.
+    padding: optional [b, n] bool/int, True or nonzero marks padding (masked as keys, never
+      preferred as members, excluded from the commitment loss and the k-means statistics).
+    relative_keys, relative_values: optional [2R + 1, d] tables indexed by the rank distance
+      inside the sorted cluster.
+  Returns:
+    (output [b, h, n, d], aux) where aux holds
+      "query_clusters": int32 [b, h, n] argmax centroid of each q_hat,
+      "key_clusters", "key_one_hot": the same for k_hat (only when not share_qk),
+      "commitment_loss": float32 scalar mean((x - stop_gradient(mu[argmax x]))^2),
+      "q_hat", "k_hat": normalised vectors, "query_one_hot"/"key_one_hot": [b, h, n, c]
+      assignments with padding rows zeroed (the k-means statistics),
+      "query_indices", "key_indices": int32 [b, h, c, w] cluster members.
+  """
+  name = "routing_attention"
+  q, k, v = (tf.convert_to_tensor(x) for x in (q, k, v))
+  relative_keys, relative_values = common.optional_tensors(relative_keys, relative_values)
+  _, _, n, depth = common.check_qkv(q, k, v, name)
+  if k.shape[2] != n:
+    raise ValueError("%s: keys have length %d but queries %d; routing self-attention needs "
+                     "equal lengths." % (name, k.shape[2], n))
+  centroids = tf.convert_to_tensor(centroids)
+  check_routing(n, depth, centroids, window, name)
+  common.check_relative_table(relative_keys, depth, "relative_keys", name)
+  common.check_relative_table(relative_values, v.shape[-1], "relative_values", name)
+  pad = common.key_padding(padding, None, n, name)
+
+  q_hat = common.layer_norm_no_scale(q)
+  k_hat = q_hat if share_qk else common.layer_norm_no_scale(k)
+  query_scores = centroid_scores(q_hat, centroids)
+  query_clusters, query_one_hot = assignments(query_scores, pad)
+  query_indices = top_window(query_scores, window, pad)
+  aux = {"q_hat": q_hat, "k_hat": k_hat, "query_clusters": query_clusters,
+         "query_one_hot": query_one_hot, "query_indices": query_indices}
+  loss = commitment_loss(q_hat, centroids, query_one_hot)
+  key_indices = query_indices
+  if not share_qk:  # keys commit to (and, non-causal, are routed by) their own centroids
+    key_scores = centroid_scores(k_hat, centroids)
+    key_clusters, key_one_hot = assignments(key_scores, pad)
+    aux.update(key_clusters=key_clusters, key_one_hot=key_one_hot)
+    loss = 0.5 * (loss + commitment_loss(k_hat, centroids, key_one_hot))
+    if not causal:
+      key_indices = top_window(key_scores, window, pad)
+  aux["key_indices"] = key_indices
+  aux["commitment_loss"] = loss
+
+  q_c = gather_clusters(q_hat, query_indices)  # [b, h, c, w, d]
+  k_c = gather_clusters(k_hat, key_indices)
+  v_c = gather_clusters(v, key_indices)
+  logits = tf.einsum("bhcqd,bhckd->bhcqk", q_c, k_c)
+  ranks = tf.range(window)
+  if relative_keys is not None:
+    rel_k = common.relative_embeddings(relative_keys, ranks, ranks)
+    logits += tf.einsum("bhcqd,qkd->bhcqk", q_c, tf.cast(rel_k, logits.dtype))
+  allowed = tf.ones([1, 1, 1, 1, window], tf.bool)
+  if causal:  # members are sorted, so key position <= query position is the lower triangle
+    allowed = (ranks[:, tf.newaxis] >= ranks[tf.newaxis, :])[tf.newaxis, tf.newaxis, tf.newaxis]
+  if pad is not None:
+    key_pad = tf.gather(pad, tf.reshape(key_indices, [tf.shape(pad)[0], -1]), batch_dims=1)
+    key_pad = tf.reshape(key_pad, tf.shape(key_indices))[:, :, :, tf.newaxis, :]
+    allowed = tf.logical_and(allowed, tf.logical_not(key_pad))
+  probs = common.masked_softmax(logits, allowed)
+  out_c = tf.einsum("bhcqk,bhckd->bhcqd", probs, v_c)
+  if relative_values is not None:
+    rel_v = common.relative_embeddings(relative_values, ranks, ranks)
+    out_c += tf.einsum("bhcqk,qkd->bhcqd", probs, tf.cast(rel_v, probs.dtype))
+
+  summed = scatter_clusters(out_c, query_indices, n)
+  ones = tf.ones_like(query_indices, dtype=summed.dtype)[..., tf.newaxis]
+  count = scatter_clusters(ones, query_indices, n)  # [b, h, n, 1]
+  return summed / (count + COUNT_EPSILON), aux

@@ -1,0 +1,105 @@
+"""TF 2.15 compatibility fixes for tf_slim, mesh_tensorflow and Tensor2Tensor.
+
+TF 2.14+ dropped three aliases from `tensorflow.python.framework.ops` that tf_slim (T2T's
+`optimize_loss`) and mesh_tensorflow still use. `apply()` restores them; it is idempotent and
+cheap, and is called on `import routing_transformer` and by `t2t_usr_dir`.
+
+`patch_tensor2tensor()` additionally fixes T2T itself (Adafactor's missing `get_gradients`, the
+TPUEstimator path that imports `tf.contrib`). It imports tensor2tensor (about 10 s), so it is only
+called where T2T is used anyway: `t2t_usr_dir` and the model code.
+"""
+import sys
+import types
+
+_ALIASES_DONE = False
+_T2T_DONE = False
+
+
+def restore_tf_aliases():
+  """Restores ops.Tensor, ops.IndexedSlices, ops.register_tensor_conversion_function."""
+  global _ALIASES_DONE
+  if _ALIASES_DONE:
+    return
+  from tensorflow.python.framework import ops  # pylint: disable=g-import-not-at-top
+  from tensorflow.python.framework import indexed_slices  # pylint: disable=g-import-not-at-top
+  from tensorflow.python.framework import tensor as tensor_lib  # pylint: disable=g-import-not-at-top
+  from tensorflow.python.framework import tensor_conversion_registry  # pylint: disable=g-import-not-at-top
+  if not hasattr(ops, "Tensor"):
+    ops.Tensor = tensor_lib.Tensor
+  if not hasattr(ops, "IndexedSlices"):
+    ops.IndexedSlices = indexed_slices.IndexedSlices
+  if not hasattr(ops, "register_tensor_conversion_function"):
+    ops.register_tensor_conversion_function = (
+        tensor_conversion_registry.register_tensor_conversion_function)
+  _ALIASES_DONE = True
+
+
+def _patch_adafactor():
+  """T2T's ConditionalOptimizer calls `get_gradients`, which AdafactorOptimizer lacks on TF2."""
+  from tensor2tensor.utils import adafactor  # pylint: disable=g-import-not-at-top
+  cls = adafactor.AdafactorOptimizer
+  if getattr(cls, "_routing_transformer_patched", False):
+    return
+
+  def get_gradients(self, loss, var_list):
+    return [g for g, _ in self.compute_gradients(loss, var_list)]
+
+  cls.get_gradients = get_gradients
+  cls._routing_transformer_patched = True  # pylint: disable=protected-access
+
+
+def _patch_tpu():
+  """Makes T2T's TPUEstimator path (`--use_tpu`, `--use_tpu_estimator`) work on TF2."""
+  import tensorflow.compat.v1 as tf1  # pylint: disable=g-import-not-at-top
+  from tensor2tensor.data_generators import problem  # pylint: disable=g-import-not-at-top
+  from tensor2tensor.utils import contrib  # pylint: disable=g-import-not-at-top
+  from tensorflow_estimator.python.estimator.tpu import tpu_config  # pylint: disable=g-import-not-at-top
+  from tensorflow_estimator.python.estimator.tpu import tpu_estimator  # pylint: disable=g-import-not-at-top
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+  def tpu():
+    return types.SimpleNamespace(
+        RunConfig=tf1.estimator.tpu.RunConfig,
+        TPUConfig=tf1.estimator.tpu.TPUConfig,
+        TPUEstimator=tf1.estimator.tpu.TPUEstimator,
+        TPUEstimatorSpec=tf1.estimator.tpu.TPUEstimatorSpec,
+        InputPipelineConfig=tf1.estimator.tpu.InputPipelineConfig,
+        CrossShardOptimizer=tf1.tpu.CrossShardOptimizer,
+        bfloat16_scope=tf1.tpu.bfloat16_scope,
+    )
+
+  def cluster_resolver():
+    return tf.distribute.cluster_resolver
+
+  contrib.tpu = tpu
+  contrib.cluster_resolver = cluster_resolver
+  if getattr(problem, "tpu_config", None) is None:
+    problem.tpu_config = tpu_config
+  # trainer_lib.create_estimator does `from tensorflow.contrib.tpu.python.tpu import
+  # tpu_estimator`; serve exactly that import path (and nothing else of contrib).
+  name = "tensorflow.contrib.tpu.python.tpu"
+  if name not in sys.modules:
+    parts = name.split(".")
+    for i in range(2, len(parts) + 1):
+      mod_name = ".".join(parts[:i])
+      if mod_name not in sys.modules:
+        sys.modules[mod_name] = types.ModuleType(mod_name)
+    sys.modules[name].tpu_estimator = tpu_estimator
+
+
+def patch_tensor2tensor():
+  """Applies every fix T2T needs on TF 2.15 (idempotent)."""
+  global _T2T_DONE
+  restore_tf_aliases()
+  if _T2T_DONE:
+    return
+  _patch_adafactor()
+  _patch_tpu()
+  _T2T_DONE = True
+
+
+def apply():
+  """Restores the TF aliases (idempotent); T2T fixes too if tensor2tensor is already imported."""
+  restore_tf_aliases()
+  if "tensor2tensor" in sys.modules:
+    patch_tensor2tensor()

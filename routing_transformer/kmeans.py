@@ -1,0 +1,142 @@
+"""Online mini-batch k-means that learns the routing centroids (SPEC section 3).
+
+Pure functions (statistics, EMA step, Laplace smoothing, occupancy) plus `OnlineKMeans`, which owns
+one routing layer's variables in tf.compat.v1 graph mode, the way T2T builds models:
+  means      [h, c, d]  centroids used for routing (init LayerNorm-without-scale of N(0, 1))
+  ema_count  [h, c]     EMA of cluster sizes (init 0), non-trainable
+  ema_means  [h, c, d]  EMA of cluster sums (init = means), non-trainable
+Queries and keys of a layer share the centroids and are combined into one update per step.
+"""
+import tensorflow as tf
+
+from routing_transformer.attention import common
+from routing_transformer.attention import routing
+
+DECAY = 0.999
+EPSILON = 1e-5
+BETA = 1e-4
+DEAD_FRACTION = 1e-3  # a cluster holding < this share of its uniform share counts as dead
+
+
+def initial_means(heads, num_clusters, depth, seed=None):
+  """LayerNorm (no scale) of N(0, 1) samples: [heads, num_clusters, depth] float32."""
+  return common.layer_norm_no_scale(
+      tf.random.normal([heads, num_clusters, depth], seed=seed, dtype=tf.float32))
+
+
+def cluster_statistics(x_hat, one_hot):
+  """Per-head cluster sizes and sums of one batch.
+
+  Args:
+    x_hat: [b, h, n, d] normalised vectors.
+    one_hot: [b, h, n, c] assignments; padding rows all zero.
+  Returns:
+    (counts float32 [h, c], sums float32 [h, c, d]).
+  """
+  one_hot = tf.cast(one_hot, tf.float32)
+  counts = tf.reduce_sum(one_hot, axis=[0, 2])
+  sums = tf.einsum("bhnc,bhnd->hcd", one_hot, tf.cast(x_hat, tf.float32))
+  return counts, sums
+
+
+def ema_step(ema_count, ema_means, counts, sums, decay=DECAY):
+  """One EMA step: x <- decay * x + (1 - decay) * batch value, for counts and sums."""
+  new_count = decay * ema_count + (1.0 - decay) * counts
+  new_means = decay * ema_means + (1.0 - decay) * sums
+  return new_count, new_means
+
+
+def smoothed_means(ema_count, ema_means, epsilon=EPSILON):
+  """Centroids from EMA statistics with Laplace smoothing of the counts.
+
+  count <- (count + eps) / (N + c * eps) * N with N = sum of counts per head; means = sums / count.
+
+  Args:
+    ema_count: [h, c].
+    ema_means: [h, c, d] (EMA of sums).
+  Returns:
+    [h, c, d].
+  """
+  num_clusters = ema_count.shape[-1]
+  total = tf.reduce_sum(ema_count, axis=-1, keepdims=True)
+  count = (ema_count + epsilon) / (total + num_clusters * epsilon) * total
+  return ema_means / count[..., tf.newaxis]
+
+
+def occupancy(counts):
+  """Summary statistics of cluster sizes.
+
+  Args:
+    counts: [h, c] cluster sizes of one batch (or their EMA).
+  Returns:
+    dict of float32 scalars: min/max share of a cluster, mean entropy (nats, max log c) of the
+    per-head occupancy distribution, and the number of dead clusters (share < DEAD_FRACTION / c).
+  """
+  counts = tf.cast(counts, tf.float32)
+  num_clusters = counts.shape[-1]
+  share = counts / tf.maximum(tf.reduce_sum(counts, axis=-1, keepdims=True), 1e-9)
+  entropy = -tf.reduce_sum(share * tf.math.log(tf.maximum(share, 1e-12)), axis=-1)
+  return {
+      "occupancy_min": tf.reduce_min(share),
+      "occupancy_max": tf.reduce_max(share),
+      "occupancy_entropy": tf.reduce_mean(entropy),
+      "dead_clusters": tf.reduce_sum(tf.cast(share < DEAD_FRACTION / num_clusters, tf.float32)),
+  }
+
+
+def codebook_loss(x_hat, centroids, one_hot):
+  """mean((stop_gradient(x) - mu[assigned])^2): moves centroids by gradient when ema=False."""
+  return routing.centroid_distance(tf.stop_gradient(x_hat), centroids, one_hot)
+
+
+class OnlineKMeans(object):
+  """The centroids of one routing layer and their update (tf.compat.v1 variables).
+
+  Build inside the layer's variable scope; T2T's scope reuse then shares the variables between
+  data-parallel shards. With `ema=False` the means are trainable and learned by `codebook_loss`.
+  """
+
+  def __init__(self, heads, num_clusters, depth, decay=DECAY, beta=BETA, epsilon=EPSILON,
+               ema=True, name="cluster_attention"):
+    self.heads, self.num_clusters, self.depth = heads, num_clusters, depth
+    self.decay, self.beta, self.epsilon, self.ema = decay, beta, epsilon, ema
+    with tf.compat.v1.variable_scope(name):
+      init = initial_means(heads, num_clusters, depth)
+      self.means = tf.compat.v1.get_variable("means", initializer=init, trainable=not ema)
+      self.ema_count = tf.compat.v1.get_variable(
+          "ema_count", initializer=tf.zeros([heads, num_clusters]), trainable=False)
+      self.ema_means = tf.compat.v1.get_variable(
+          "ema_means", initializer=self.means.initialized_value(), trainable=False)
+
+  def update(self, x_hats, one_hots, all_reduce=None):
+    """EMA update from this step's assignments (call in TRAIN mode only).
+
+    Args:
+      x_hats: list of [b, h, n, d] normalised vectors (queries, and keys when not shared).
+      one_hots: matching list of [b, h, n, c] assignments (padding rows zero).
+      all_reduce: optional fn applied to (counts, sums) to combine replicas/shards, e.g.
+        TPU cross_replica_sum; every replica must end with identical centroids.
+    Returns:
+      (update op, counts [h, c] of this step before all-reduce).
+    """
+    counts, sums = 0.0, 0.0
+    for x_hat, one_hot in zip(x_hats, one_hots):
+      c, s = cluster_statistics(x_hat, one_hot)
+      counts, sums = counts + c, sums + s
+    local_counts = counts
+    if all_reduce is not None:
+      counts, sums = all_reduce(counts, sums)
+    new_count, new_sums = ema_step(self.ema_count, self.ema_means, counts, sums, self.decay)
+    new_means = smoothed_means(new_count, new_sums, self.epsilon)
+    ops = [self.ema_count.assign(new_count), self.ema_means.assign(new_sums)]
+    with tf.control_dependencies(ops):
+      op = self.means.assign(new_means)
+    return tf.group(op), local_counts
+
+  def loss(self, commitment, x_hats=(), one_hots=()):
+    """beta * commitment loss; with ema=False also the codebook loss of (x_hats, one_hots)."""
+    total = self.beta * commitment
+    if not self.ema:
+      for x_hat, one_hot in zip(x_hats, one_hots):
+        total += codebook_loss(x_hat, self.means, one_hot) / len(x_hats)
+    return total

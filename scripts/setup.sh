@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# One unattended setup for a fresh machine: creates .venv and installs the pinned stack.
+# Idempotent: when .venv already matches requirements.txt/constraints.txt/this script, it exits in seconds.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VENV=${VENV:-.venv}
+PYTHON=${PYTHON:-python3}
+stamp="$VENV/.routing_transformer_stamp"
+want=$(cat requirements.txt constraints.txt scripts/setup.sh | sha256sum | cut -d' ' -f1)
+
+if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && "$VENV/bin/python" -c "import routing_transformer, tensor2tensor, gym, mesh_tensorflow" 2>/dev/null; then
+  echo "setup: $VENV is up to date"
+  exit 0
+fi
+
+echo "setup: creating $VENV and installing the pinned stack (a few minutes on a fresh machine)"
+[ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
+PIP=("$VENV/bin/python" -m pip --disable-pip-version-check --no-input)
+# gym 0.21.0 is an sdist whose setup.py newer setuptools rejects: build it with the old toolchain.
+"${PIP[@]}" install -q setuptools==65.5.0 wheel==0.38.4
+"${PIP[@]}" install -q --no-build-isolation gym==0.21.0 -c constraints.txt
+"${PIP[@]}" install -q -r requirements.txt -c constraints.txt
+# tensor2tensor's own metadata pins a tensorflow-probability that cannot import on TF 2.15.
+"${PIP[@]}" install -q --no-deps tensor2tensor==1.15.7 -c constraints.txt
+"$VENV/bin/python" -c "import routing_transformer, tensorflow as tf, tensor2tensor, gym, mesh_tensorflow; print('setup: tensorflow', tf.__version__, 'ready')"
+echo "$want" > "$stamp"

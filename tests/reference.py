@@ -1,0 +1,135 @@
+"""NumPy dense references: every attention kind as a softmax over an explicit [n, n] allowed set.
+
+Deliberately written differently from the TensorFlow code (no blocks, no gather/scatter): each
+kind builds the full matrix of logits and the boolean matrix of allowed (query, key) pairs.
+"""
+import numpy as np
+
+COUNT_EPSILON = 1e-2
+
+
+def layer_norm(x, epsilon=1e-6):
+  mean = x.mean(-1, keepdims=True)
+  var = ((x - mean) ** 2).mean(-1, keepdims=True)
+  return (x - mean) / np.sqrt(var + epsilon)
+
+
+def softmax_allowed(logits, allowed):
+  """Row softmax over exactly the allowed entries; rows with none allowed are 0."""
+  out = np.zeros_like(logits)
+  for i in range(logits.shape[0]):
+    idx = np.nonzero(allowed[i])[0]
+    if idx.size:
+      z = logits[i, idx] - logits[i, idx].max()
+      e = np.exp(z)
+      out[i, idx] = e / e.sum()
+  return out
+
+
+def relative_index(distance, table):
+  radius = (table.shape[0] - 1) // 2
+  return np.clip(distance, -radius, radius) + radius
+
+
+def attend(q, k, v, allowed, rel_distance=None, rel_k=None, rel_v=None):
+  """Dense attention of one head: q [n, d], k/v [m, d], allowed [n, m], rel_distance [n, m]."""
+  logits = q @ k.T
+  if rel_k is not None:
+    table = rel_k[relative_index(rel_distance, rel_k)]  # [n, m, d]
+    logits = logits + np.einsum("id,ijd->ij", q, table)
+  probs = softmax_allowed(logits, allowed)
+  out = probs @ v
+  if rel_v is not None:
+    table = rel_v[relative_index(rel_distance, rel_v)]
+    out = out + np.einsum("ij,ijd->id", probs, table)
+  return out
+
+
+def _pad_mask(padding, b, n):
+  return np.zeros(n, bool) if padding is None else np.asarray(padding[b]).astype(bool)
+
+
+def full(q, k, v, causal=True, padding=None, scale=None):
+  bsz, heads, n, d = q.shape
+  m = k.shape[2]
+  scale = d ** -0.5 if scale is None else scale
+  out = np.zeros(q.shape[:3] + (v.shape[-1],))
+  for b in range(bsz):
+    allowed = np.ones((n, m), bool) & ~_pad_mask(padding, b, m)[None, :]
+    if causal:
+      allowed &= np.tri(n, m, dtype=bool)
+    for h in range(heads):
+      out[b, h] = attend(q[b, h] * scale, k[b, h], v[b, h], allowed)
+  return out
+
+
+def local(q, k, v, block_length, flange, causal=True, rel_k=None, rel_v=None, padding=None,
+          scale=None):
+  bsz, heads, n, d = q.shape
+  scale = d ** -0.5 if scale is None else scale
+  i = np.arange(n)[:, None]
+  j = np.arange(n)[None, :]
+  bi, bj = i // block_length, j // block_length
+  reach = flange // block_length
+  if causal:
+    window = (bj >= bi - reach) & (bj <= bi) & (j <= i)
+  else:
+    window = np.abs(bj - bi) <= reach
+  out = np.zeros(q.shape[:3] + (v.shape[-1],))
+  for b in range(bsz):
+    allowed = window & ~_pad_mask(padding, b, n)[None, :]
+    for h in range(heads):
+      out[b, h] = attend(q[b, h] * scale, k[b, h], v[b, h], allowed, j - i, rel_k, rel_v)
+  return out
+
+
+def members(scores, window, pad):
+  """Top-`window` positions of one centroid's scores (padding last), ascending."""
+  scores = np.where(pad, -np.inf, scores)
+  order = np.argsort(-scores, kind="stable")
+  return np.sort(order[:window])
+
+
+def routing(q, k, v, centroids, window, causal=True, share_qk=True, padding=None, rel_k=None,
+            rel_v=None):
+  """Routing attention; returns (output, query_clusters, commitment_loss)."""
+  bsz, heads, n, _ = q.shape
+  q_hat = layer_norm(q)
+  k_hat = q_hat if share_qk else layer_norm(k)
+  out = np.zeros(q.shape[:3] + (v.shape[-1],))
+  clusters = np.zeros((bsz, heads, n), np.int64)
+  sq_err, count_err = 0.0, 0
+  for b in range(bsz):
+    pad = _pad_mask(padding, b, n)
+    for h in range(heads):
+      mu = centroids[h]
+      sq = mu @ q_hat[b, h].T  # [c, n]
+      sk = mu @ k_hat[b, h].T
+      clusters[b, h] = sq.argmax(0)
+      terms = [(q_hat, sq)] + ([] if share_qk else [(k_hat, sk)])
+      for x, s in terms:
+        diff = x[b, h] - mu[s.argmax(0)]
+        sq_err += (diff[~pad] ** 2).sum() / len(terms)
+        count_err += (~pad).sum() * x.shape[-1] / len(terms)
+      total = np.zeros((n, v.shape[-1]))
+      count = np.zeros(n)
+      for c in range(mu.shape[0]):
+        q_members = members(sq[c], window, pad)
+        k_members = q_members if (causal or share_qk) else members(sk[c], window, pad)
+        in_q = np.zeros(n, bool)
+        in_q[q_members] = True
+        in_k = np.zeros(n, bool)
+        in_k[k_members] = True
+        rank_q = np.full(n, -10 ** 6)
+        rank_q[q_members] = np.arange(window)
+        rank_k = np.full(n, -10 ** 6)
+        rank_k[k_members] = np.arange(window)
+        allowed = in_q[:, None] & in_k[None, :] & ~pad[None, :]
+        if causal:
+          allowed &= np.tri(n, n, dtype=bool)
+        rank_distance = rank_k[None, :] - rank_q[:, None]
+        o = attend(q_hat[b, h], k_hat[b, h], v[b, h], allowed, rank_distance, rel_k, rel_v)
+        total[in_q] += o[in_q]
+        count[in_q] += 1
+      out[b, h] = total / (count[:, None] + COUNT_EPSILON)
+  return out, clusters, sq_err / max(count_err, 1)
