@@ -105,8 +105,8 @@ class OnlineKMeans(object):
       self.means = tf.compat.v1.get_variable("means", initializer=init, trainable=not ema)
       self.ema_count = tf.compat.v1.get_variable(
           "ema_count", initializer=tf.zeros([heads, num_clusters]), trainable=False)
-      self.ema_means = tf.compat.v1.get_variable(
-          "ema_means", initializer=self.means.initialized_value(), trainable=False)
+      # The same initial tensor: the initializers run in one session.run, so ema_means == means.
+      self.ema_means = tf.compat.v1.get_variable("ema_means", initializer=init, trainable=False)
 
   def update(self, x_hats, one_hots, all_reduce=None):
     """EMA update from this step's assignments (call in TRAIN mode only).

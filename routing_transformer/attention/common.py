@@ -20,7 +20,8 @@ def layer_norm_no_scale(x, epsilon=1e-6):
 
 def mask_value(dtype):
   """A large negative logit for masked entries that stays finite in `dtype`."""
-  return -0.7 * tf.as_dtype(dtype).max
+  dtype = tf.as_dtype(dtype)
+  return tf.constant(-0.7 * dtype.max, dtype=dtype)
 
 
 def masked_softmax(logits, allowed):
