@@ -24,19 +24,25 @@ def initial_means(heads, num_clusters, depth, seed=None):
       tf.random.normal([heads, num_clusters, depth], seed=seed, dtype=tf.float32))
 
 
-def cluster_statistics(x_hat, one_hot):
+def cluster_statistics(x_hat, clusters, num_clusters, weights):
   """Per-head cluster sizes and sums of one batch.
 
   Args:
     x_hat: [b, h, n, d] normalised vectors.
-    one_hot: [b, h, n, c] assignments; padding rows all zero.
+    clusters: int32 [b, h, n] assignments.
+    num_clusters: c.
+    weights: [b, n], 1 for real positions and 0 for padding (padding adds nothing).
   Returns:
     (counts float32 [h, c], sums float32 [h, c, d]).
   """
-  one_hot = tf.cast(one_hot, tf.float32)
-  counts = tf.reduce_sum(one_hot, axis=[0, 2])
-  sums = tf.einsum("bhnc,bhnd->hcd", one_hot, tf.cast(x_hat, tf.float32))
-  return counts, sums
+  heads, depth = x_hat.shape[1], x_hat.shape[3]
+  segments = clusters + tf.reshape(tf.range(heads) * num_clusters, [1, heads, 1])
+  weights = tf.broadcast_to(tf.cast(weights, tf.float32)[:, tf.newaxis, :], tf.shape(clusters))
+  counts = tf.math.unsorted_segment_sum(weights, segments, heads * num_clusters)
+  sums = tf.math.unsorted_segment_sum(tf.cast(x_hat, tf.float32) * weights[..., tf.newaxis],
+                                      segments, heads * num_clusters)
+  return (tf.reshape(counts, [heads, num_clusters]),
+          tf.reshape(sums, [heads, num_clusters, depth]))
 
 
 def ema_step(ema_count, ema_means, counts, sums, decay=DECAY):
@@ -84,9 +90,9 @@ def occupancy(counts):
   }
 
 
-def codebook_loss(x_hat, centroids, one_hot):
+def codebook_loss(x_hat, centroids, clusters, weights):
   """mean((stop_gradient(x) - mu[assigned])^2): moves centroids by gradient when ema=False."""
-  return routing.centroid_distance(tf.stop_gradient(x_hat), centroids, one_hot)
+  return routing.centroid_distance(tf.stop_gradient(x_hat), centroids, clusters, weights)
 
 
 class OnlineKMeans(object):
@@ -108,20 +114,21 @@ class OnlineKMeans(object):
       # The same initial tensor: the initializers run in one session.run, so ema_means == means.
       self.ema_means = tf.compat.v1.get_variable("ema_means", initializer=init, trainable=False)
 
-  def update(self, x_hats, one_hots, all_reduce=None):
+  def update(self, x_hats, clusters, weights, all_reduce=None):
     """EMA update from this step's assignments (call in TRAIN mode only).
 
     Args:
       x_hats: list of [b, h, n, d] normalised vectors (queries, and keys when not shared).
-      one_hots: matching list of [b, h, n, c] assignments (padding rows zero).
+      clusters: matching list of int32 [b, h, n] assignments.
+      weights: [b, n], 1 for real positions and 0 for padding.
       all_reduce: optional fn applied to (counts, sums) to combine replicas/shards, e.g.
         TPU cross_replica_sum; every replica must end with identical centroids.
     Returns:
       (update op, counts [h, c] of this step before all-reduce).
     """
     counts, sums = 0.0, 0.0
-    for x_hat, one_hot in zip(x_hats, one_hots):
-      c, s = cluster_statistics(x_hat, one_hot)
+    for x_hat, assigned in zip(x_hats, clusters):
+      c, s = cluster_statistics(x_hat, assigned, self.num_clusters, weights)
       counts, sums = counts + c, sums + s
     local_counts = counts
     if all_reduce is not None:
@@ -133,10 +140,10 @@ class OnlineKMeans(object):
       op = self.means.assign(new_means)
     return tf.group(op), local_counts
 
-  def loss(self, commitment, x_hats=(), one_hots=()):
-    """beta * commitment loss; with ema=False also the codebook loss of (x_hats, one_hots)."""
+  def loss(self, commitment, x_hats=(), clusters=(), weights=None):
+    """beta * commitment loss; with ema=False also the codebook loss of (x_hats, clusters)."""
     total = self.beta * commitment
     if not self.ema:
-      for x_hat, one_hot in zip(x_hats, one_hots):
-        total += codebook_loss(x_hat, self.means, one_hot) / len(x_hats)
+      for x_hat, assigned in zip(x_hats, clusters):
+        total += codebook_loss(x_hat, self.means, assigned, weights) / len(x_hats)
     return total

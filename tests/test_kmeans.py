@@ -49,11 +49,8 @@ def _batches():
   ]
   assign = [[0, 0, 1, 1], [0, 1, 1, 1], [0, 0, 1, 1]]
   padding = [[0, 0, 0, 1], [0, 0, 0, 0], [0, 0, 1, 1]]
-  out = []
-  for x, a, p in zip(xs, assign, padding):
-    one_hot = np.eye(2)[a] * (1 - np.array(p))[:, None]
-    out.append((np.array(x, np.float32)[None, None], one_hot.astype(np.float32)[None, None]))
-  return out
+  return [(np.array(x, np.float32)[None, None], np.array(a, np.int32)[None, None],
+           1.0 - np.array(p, np.float32)[None]) for x, a, p in zip(xs, assign, padding)]
 
 
 @pytest.mark.parametrize("decay", [0.5, 0.999])
@@ -62,14 +59,15 @@ def test_ema_three_steps_match_hand_computation(decay):
   with tf.Graph().as_default():
     km = kmeans.OnlineKMeans(heads=1, num_clusters=2, depth=2, decay=decay, name="km")
     x_ph = tf.compat.v1.placeholder(tf.float32, [1, 1, 4, 2])
-    oh_ph = tf.compat.v1.placeholder(tf.float32, [1, 1, 4, 2])
-    update, _ = km.update([x_ph], [oh_ph])
+    c_ph = tf.compat.v1.placeholder(tf.int32, [1, 1, 4])
+    w_ph = tf.compat.v1.placeholder(tf.float32, [1, 4])
+    update, _ = km.update([x_ph], [c_ph], w_ph)
     with tf.compat.v1.Session() as sess:
       sess.run(tf.compat.v1.global_variables_initializer())
       sess.run([km.means.assign([[[1.0, 0.0], [0.0, 1.0]]]),
                 km.ema_means.assign([[[1.0, 0.0], [0.0, 1.0]]])])
-      for (x, one_hot), (count, sums, means) in zip(_batches(), steps):
-        sess.run(update, {x_ph: x, oh_ph: one_hot})
+      for (x, clusters, weights), (count, sums, means) in zip(_batches(), steps):
+        sess.run(update, {x_ph: x, c_ph: clusters, w_ph: weights})
         got_count, got_sums, got_means = sess.run([km.ema_count, km.ema_means, km.means])
         np.testing.assert_allclose(got_count, count, rtol=1e-6)
         np.testing.assert_allclose(got_sums, sums, rtol=1e-5, atol=1e-7)
@@ -87,11 +85,12 @@ def test_empty_cluster_keeps_a_finite_mean():
 def test_query_and_key_statistics_are_one_update():
   rng = np.random.default_rng(0)
   xq, xk = (rng.standard_normal((2, 1, 6, 3)).astype(np.float32) for _ in range(2))
-  ohq = np.eye(2)[rng.integers(0, 2, (2, 1, 6))].astype(np.float32)
-  ohk = np.eye(2)[rng.integers(0, 2, (2, 1, 6))].astype(np.float32)
+  cq, ck = (rng.integers(0, 2, (2, 1, 6)).astype(np.int32) for _ in range(2))
+  ohq, ohk = np.eye(2)[cq], np.eye(2)[ck]
   with tf.Graph().as_default():
     km = kmeans.OnlineKMeans(heads=1, num_clusters=2, depth=3, decay=0.9, name="km")
-    update, _ = km.update([tf.constant(xq), tf.constant(xk)], [tf.constant(ohq), tf.constant(ohk)])
+    update, _ = km.update([tf.constant(xq), tf.constant(xk)], [tf.constant(cq), tf.constant(ck)],
+                          tf.ones([2, 6]))
     with tf.compat.v1.Session() as sess:
       sess.run(tf.compat.v1.global_variables_initializer())
       start, means = sess.run([km.ema_means, km.means])
@@ -114,9 +113,10 @@ def test_padding_excluded_from_statistics_through_routing_attention():
   q_padded = q.copy()
   q_padded[:, :, 12:] = 100.0 * rng.standard_normal((1, 2, 4, 4))  # garbage in padding
   _, aux = attention.routing_attention(q_padded, q_padded, q_padded, mu, 4, padding=pad)
-  counts, sums = kmeans.cluster_statistics(aux["q_hat"], aux["query_one_hot"])
+  counts, sums = kmeans.cluster_statistics(aux["q_hat"], aux["query_clusters"], 4, aux["weights"])
   _, aux_ref = attention.routing_attention(q[:, :, :12], q[:, :, :12], q[:, :, :12], mu, 4)
-  counts_ref, sums_ref = kmeans.cluster_statistics(aux_ref["q_hat"], aux_ref["query_one_hot"])
+  counts_ref, sums_ref = kmeans.cluster_statistics(aux_ref["q_hat"], aux_ref["query_clusters"], 4,
+                                                   aux_ref["weights"])
   np.testing.assert_allclose(counts.numpy(), counts_ref.numpy())
   np.testing.assert_allclose(sums.numpy(), sums_ref.numpy(), rtol=1e-5, atol=1e-5)
   assert counts.numpy().sum() == 2 * 12
@@ -142,13 +142,13 @@ def test_initial_means_are_normalised():
 def test_loss_is_beta_times_commitment_and_codebook_without_ema():
   rng = np.random.default_rng(5)
   x = tf.constant(rng.standard_normal((1, 1, 6, 3)).astype(np.float32))
-  one_hot = tf.constant(np.eye(2)[rng.integers(0, 2, (1, 1, 6))].astype(np.float32))
+  clusters = rng.integers(0, 2, (1, 1, 6)).astype(np.int32)
   with tf.Graph().as_default():
     km = kmeans.OnlineKMeans(1, 2, 3, ema=True, name="a")
     km_grad = kmeans.OnlineKMeans(1, 2, 3, ema=False, name="b")
-    x_g, oh_g = tf.constant(x.numpy()), tf.constant(one_hot.numpy())
+    x_g = tf.constant(x.numpy())
     loss = km.loss(tf.constant(2.0))
-    loss_grad = km_grad.loss(tf.constant(2.0), [x_g], [oh_g])
+    loss_grad = km_grad.loss(tf.constant(2.0), [x_g], [tf.constant(clusters)], tf.ones([1, 6]))
     grad = tf.gradients(loss_grad, [km_grad.means])[0]
     assert km.means not in tf.compat.v1.trainable_variables()
     assert km_grad.means in tf.compat.v1.trainable_variables()
@@ -156,7 +156,7 @@ def test_loss_is_beta_times_commitment_and_codebook_without_ema():
       sess.run(tf.compat.v1.global_variables_initializer())
       got, got_grad_loss, g, means = sess.run([loss, loss_grad, grad, km_grad.means])
   assert got == pytest.approx(2e-4)
-  assigned = np.einsum("bhnc,hcd->bhnd", one_hot.numpy(), means)
+  assigned = means[0][clusters[0, 0]][None, None]
   codebook = np.mean((x.numpy() - assigned) ** 2)
   assert got_grad_loss == pytest.approx(2e-4 + codebook, rel=1e-5)
   assert np.abs(g).max() > 0

@@ -25,16 +25,23 @@ def mask_value(dtype):
 
 
 def masked_softmax(logits, allowed):
-  """Softmax over the last axis restricted to `allowed`; rows with nothing allowed give 0.
+  """Softmax over the last axis restricted to `allowed` (masked entries get probability 0).
+
+  A row with nothing allowed comes out uniform; callers that can produce such rows (only with
+  padding) clear them with `zero_empty_rows`.
 
   Args:
     logits: [..., m] float tensor.
     allowed: bool tensor broadcastable to logits.
   Returns:
-    [..., m] probabilities, exactly 0 on masked entries.
+    [..., m] probabilities.
   """
-  masked = tf.where(allowed, logits, mask_value(logits.dtype))
-  return tf.nn.softmax(masked) * tf.cast(allowed, logits.dtype)
+  return tf.nn.softmax(tf.where(allowed, logits, mask_value(logits.dtype)))
+
+
+def zero_empty_rows(out, allowed):
+  """Sets out[..., i, :] to 0 where row i of `allowed` ([..., q, m]) has no allowed key."""
+  return out * tf.cast(tf.reduce_any(allowed, axis=-1, keepdims=True), out.dtype)
 
 
 def relative_embeddings(table, query_offsets, key_offsets):

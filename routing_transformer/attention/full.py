@@ -33,4 +33,7 @@ def full_attention(q, k, v, causal=True, padding=None, scale=None):
   if pad is not None:
     allowed = tf.logical_and(allowed, tf.logical_not(pad)[:, tf.newaxis, tf.newaxis, :])
   probs = common.masked_softmax(logits, allowed)
-  return tf.einsum("bhqk,bhkd->bhqd", probs, v)
+  out = tf.einsum("bhqk,bhkd->bhqd", probs, v)
+  if pad is not None:  # a query whose allowed keys are all padding gets 0
+    out = common.zero_empty_rows(out, allowed)
+  return out

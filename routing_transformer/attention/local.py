@@ -107,4 +107,6 @@ def local_attention(q, k, v, block_length, flange, causal=True, relative_keys=No
   if relative_values is not None:
     rel_v = common.relative_embeddings(relative_values, query_offsets, key_offsets)
     out += tf.einsum("bhnqk,qkd->bhnqd", probs, tf.cast(rel_v, probs.dtype))
+  if pad is not None:  # a query whose allowed keys are all padding gets 0
+    out = common.zero_empty_rows(out, allowed)
   return tf.reshape(out, [-1, heads, n, v.shape[-1]])

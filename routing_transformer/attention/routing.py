@@ -74,42 +74,53 @@ def scatter_clusters(values, indices, length):
   return tf.reshape(summed, [batch, heads, length, values.shape[4]])
 
 
-def assignments(scores, padding=None):
-  """Hard k-means assignment of every position to its best centroid.
+def assignments(scores):
+  """Hard k-means assignment: the best centroid of every position.
 
   Args:
     scores: [b, h, c, n] from `centroid_scores`.
-    padding: optional bool [b, n]; padding rows of the one-hot are zero.
   Returns:
-    (clusters int32 [b, h, n], one_hot [b, h, n, c] of scores' dtype).
+    int32 [b, h, n].
   """
-  clusters = tf.argmax(scores, axis=2, output_type=tf.int32)
-  one_hot = tf.one_hot(clusters, scores.shape[2], dtype=scores.dtype)
-  if padding is not None:
-    one_hot *= tf.cast(tf.logical_not(padding), scores.dtype)[:, tf.newaxis, :, tf.newaxis]
-  return clusters, one_hot
+  return tf.argmax(scores, axis=2, output_type=tf.int32)
 
 
-def centroid_distance(x_hat, centroids, one_hot):
-  """mean((x - mu[assigned])^2) over non-padding positions, heads and depth.
+def assigned_centroids(centroids, clusters):
+  """mu[h, clusters[b, h, i]] for every position: [h, c, d], [b, h, n] -> [b, h, n, d]."""
+  heads, num_clusters, depth = centroids.shape
+  flat = tf.reshape(centroids, [heads * num_clusters, depth])
+  offsets = tf.reshape(tf.range(heads) * num_clusters, [1, heads, 1])
+  return tf.gather(flat, clusters + offsets)
+
+
+def position_weights(padding, batch, length, dtype=tf.float32):
+  """[b, n] weights: 1 for real positions, 0 for padding (all ones without padding)."""
+  if padding is None:
+    return tf.ones([batch, length], dtype)
+  return 1.0 - tf.cast(padding, dtype)
+
+
+def centroid_distance(x_hat, centroids, clusters, weights):
+  """mean((x - mu[assigned])^2) over real positions, heads and depth.
 
   Args:
     x_hat: [b, h, n, d].
     centroids: [h, c, d].
-    one_hot: [b, h, n, c] assignments (all-zero rows are padding and do not count).
+    clusters: int32 [b, h, n] assignments.
+    weights: [b, n], 1 for real positions and 0 for padding.
   Returns:
     float32 scalar.
   """
-  assigned = tf.einsum("bhnc,hcd->bhnd", one_hot, tf.cast(centroids, x_hat.dtype))
-  weight = tf.reduce_sum(one_hot, axis=-1, keepdims=True)  # 1 for real positions, 0 for padding
-  squared = tf.cast(tf.square(x_hat - assigned) * weight, tf.float32)
-  denominator = tf.cast(tf.reduce_sum(weight), tf.float32) * x_hat.shape[-1]
-  return tf.reduce_sum(squared) / tf.maximum(denominator, 1.0)
+  mu = tf.cast(assigned_centroids(centroids, clusters), x_hat.dtype)
+  squared = tf.reduce_sum(tf.cast(tf.square(x_hat - mu), tf.float32), axis=-1)  # [b, h, n]
+  weights = tf.cast(weights, tf.float32)[:, tf.newaxis, :]
+  total = tf.reduce_sum(weights) * x_hat.shape[1] * x_hat.shape[-1]
+  return tf.reduce_sum(squared * weights) / tf.maximum(total, 1.0)
 
 
-def commitment_loss(x_hat, centroids, one_hot):
+def commitment_loss(x_hat, centroids, clusters, weights):
   """mean((x - stop_gradient(mu[assigned]))^2): pulls the vectors towards their centroids."""
-  return centroid_distance(x_hat, tf.stop_gradient(centroids), one_hot)
+  return centroid_distance(x_hat, tf.stop_gradient(centroids), clusters, weights)
 
 
 def check_routing(length, depth, centroids, window, name):
@@ -142,10 +153,11 @@ def routing_attention(q, k, v, centroids, window, causal=True, share_qk=True, pa
   Returns:
     (output [b, h, n, d], aux) where aux holds
       "query_clusters": int32 [b, h, n] argmax centroid of each q_hat,
-      "key_clusters", "key_one_hot": the same for k_hat (only when not share_qk),
-      "commitment_loss": float32 scalar mean((x - stop_gradient(mu[argmax x]))^2),
-      "q_hat", "k_hat": normalised vectors, "query_one_hot"/"key_one_hot": [b, h, n, c]
-      assignments with padding rows zeroed (the k-means statistics),
+      "key_clusters": the same for k_hat (only when not share_qk),
+      "commitment_loss": float32 scalar mean((x - stop_gradient(mu[argmax x]))^2) over real
+        positions (queries and, when not share_qk, keys averaged),
+      "q_hat", "k_hat": [b, h, n, d] normalised vectors; "weights": [b, n] 1 for real positions,
+        0 for padding (with the clusters, the k-means statistics),
       "query_indices", "key_indices": int32 [b, h, c, w] cluster members.
   """
   name = "routing_attention"
@@ -163,25 +175,27 @@ def routing_attention(q, k, v, centroids, window, causal=True, share_qk=True, pa
 
   q_hat = common.layer_norm_no_scale(q)
   k_hat = q_hat if share_qk else common.layer_norm_no_scale(k)
-  query_scores = centroid_scores(q_hat, centroids)
-  query_clusters, query_one_hot = assignments(query_scores, pad)
+  weights = position_weights(pad, tf.shape(q)[0], n)
+  # No gradient reaches the centroids through routing (top-k and argmax are discrete).
+  mu = tf.stop_gradient(centroids)
+  query_scores = centroid_scores(q_hat, mu)
+  query_clusters = assignments(query_scores)
   query_indices = top_window(query_scores, window, pad)
-  aux = {"q_hat": q_hat, "k_hat": k_hat, "query_clusters": query_clusters,
-         "query_one_hot": query_one_hot, "query_indices": query_indices}
-  loss = commitment_loss(q_hat, centroids, query_one_hot)
+  loss = commitment_loss(q_hat, mu, query_clusters, weights)
+  aux = {"q_hat": q_hat, "k_hat": k_hat, "weights": weights, "query_clusters": query_clusters,
+         "query_indices": query_indices}
   key_indices = query_indices
   if not share_qk:  # keys commit to (and, non-causal, are routed by) their own centroids
-    key_scores = centroid_scores(k_hat, centroids)
-    key_clusters, key_one_hot = assignments(key_scores, pad)
-    aux.update(key_clusters=key_clusters, key_one_hot=key_one_hot)
-    loss = 0.5 * (loss + commitment_loss(k_hat, centroids, key_one_hot))
+    key_scores = centroid_scores(k_hat, mu)
+    aux["key_clusters"] = assignments(key_scores)
+    loss = 0.5 * (loss + commitment_loss(k_hat, mu, aux["key_clusters"], weights))
     if not causal:
       key_indices = top_window(key_scores, window, pad)
   aux["key_indices"] = key_indices
   aux["commitment_loss"] = loss
 
   q_c = gather_clusters(q_hat, query_indices)  # [b, h, c, w, d]
-  k_c = gather_clusters(k_hat, key_indices)
+  k_c = q_c if share_qk else gather_clusters(k_hat, key_indices)
   v_c = gather_clusters(v, key_indices)
   logits = tf.einsum("bhcqd,bhckd->bhcqk", q_c, k_c)
   ranks = tf.range(window)
@@ -200,6 +214,8 @@ def routing_attention(q, k, v, centroids, window, causal=True, share_qk=True, pa
   if relative_values is not None:
     rel_v = common.relative_embeddings(relative_values, ranks, ranks)
     out_c += tf.einsum("bhcqk,qkd->bhcqd", probs, tf.cast(rel_v, probs.dtype))
+  if pad is not None:  # a query whose allowed keys are all padding gets 0
+    out_c = common.zero_empty_rows(out_c, allowed)
 
   summed = scatter_clusters(out_c, query_indices, n)
   ones = tf.ones_like(query_indices, dtype=summed.dtype)[..., tf.newaxis]

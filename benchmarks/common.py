@@ -1,0 +1,77 @@
+"""Shared benchmark helpers: peak tensor memory, timing, same-run matmul roofline, JSON output."""
+import json
+import os
+import platform
+import sys
+import time
+
+# TF's BFC allocator on the CPU keeps peak-bytes-in-use statistics (the default CPU allocator keeps
+# none); the variable is read at start-up, so benchmarks re-exec themselves once with it set.
+BENCH_ENV = {"TF_CPU_ALLOCATOR_USE_BFC": "true", "TF_CPP_MIN_LOG_LEVEL": "2"}
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def ensure_bench_env():
+  """Re-executes the current script with BENCH_ENV set (once); puts the repo on sys.path."""
+  if all(os.environ.get(k) == v for k, v in BENCH_ENV.items()):
+    if ROOT not in sys.path:
+      sys.path.insert(0, ROOT)
+    return
+  env = dict(os.environ, **BENCH_ENV)
+  os.execve(sys.executable, [sys.executable] + sys.argv, env)
+
+
+def peak_bytes(fn):
+  """Peak TF tensor bytes in use while fn() runs, above what was in use before."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  tf.config.experimental.reset_memory_stats("CPU:0")
+  before = tf.config.experimental.get_memory_info("CPU:0")["current"]
+  fn()
+  return tf.config.experimental.get_memory_info("CPU:0")["peak"] - before
+
+
+def time_fn(fn, repeats=3, warmup=1, max_seconds=60.0):
+  """Median wall time of fn() (which must block until done) and its peak TF memory in bytes."""
+  for _ in range(warmup):
+    fn()
+  peak = peak_bytes(fn)
+  times = []
+  started = time.perf_counter()
+  for _ in range(repeats):
+    t = time.perf_counter()
+    fn()
+    times.append(time.perf_counter() - t)
+    if time.perf_counter() - started > max_seconds:
+      break
+  times.sort()
+  return times[len(times) // 2], peak
+
+
+def matmul_gflops(size=2048, repeats=5):
+  """Dense fp32 matmul GFLOP/s on this machine, measured now (the same-run roofline)."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  a = tf.random.normal([size, size])
+  b = tf.random.normal([size, size])
+  fn = tf.function(lambda: tf.reduce_sum(tf.matmul(a, b)))
+  seconds, _ = time_fn(lambda: fn().numpy(), repeats=repeats)
+  return 2.0 * size ** 3 / seconds / 1e9
+
+
+def machine():
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  return {"date": time.strftime("%Y-%m-%d"), "cpus": os.cpu_count(),
+          "processor": platform.processor() or platform.machine(), "tensorflow": tf.__version__,
+          "threads": tf.config.threading.get_intra_op_parallelism_threads()}
+
+
+def emit(record, stream=sys.stdout):
+  stream.write(json.dumps(record, sort_keys=True) + "\n")
+  stream.flush()
+
+
+def fit_exponent(ns, times):
+  """Least-squares slope of log(time) against log(n)."""
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  if len(ns) < 2:
+    return None
+  return float(np.polyfit(np.log(ns), np.log(times), 1)[0])
