@@ -56,7 +56,7 @@ def gather_clusters(x, indices):
 
 
 def scatter_clusters(values, indices, length):
-  """Sums cluster outputs back onto their positions (inverse of `gather_clusters`).
+  """Sums cluster outputs back onto their positions (the transpose of `gather_clusters`).
 
   Args:
     values: [b, h, c, w, d].
@@ -69,8 +69,8 @@ def scatter_clusters(values, indices, length):
   batch, heads, depth = shape[0], shape[1], shape[4]
   offsets = tf.reshape(tf.range(batch * heads) * length, [batch, heads, 1, 1])
   segments = tf.reshape(indices + offsets, [-1])
-  flat = tf.reshape(values, [-1, depth])
-  summed = tf.math.unsorted_segment_sum(flat, segments, batch * heads * length)
+  summed = tf.math.unsorted_segment_sum(tf.reshape(values, [-1, depth]), segments,
+                                        batch * heads * length)
   return tf.reshape(summed, [batch, heads, length, values.shape[4]])
 
 
@@ -197,7 +197,7 @@ def routing_attention(q, k, v, centroids, window, causal=True, share_qk=True, pa
   q_c = gather_clusters(q_hat, query_indices)  # [b, h, c, w, d]
   k_c = q_c if share_qk else gather_clusters(k_hat, key_indices)
   v_c = gather_clusters(v, key_indices)
-  logits = tf.einsum("bhcqd,bhckd->bhcqk", q_c, k_c)
+  logits = tf.matmul(q_c, k_c, transpose_b=True)  # [b, h, c, w, w]
   ranks = tf.range(window)
   if relative_keys is not None:
     rel_k = common.relative_embeddings(relative_keys, ranks, ranks)
@@ -210,7 +210,7 @@ def routing_attention(q, k, v, centroids, window, causal=True, share_qk=True, pa
     key_pad = tf.reshape(key_pad, tf.shape(key_indices))[:, :, :, tf.newaxis, :]
     allowed = tf.logical_and(allowed, tf.logical_not(key_pad))
   probs = common.masked_softmax(logits, allowed)
-  out_c = tf.einsum("bhcqk,bhckd->bhcqd", probs, v_c)
+  out_c = tf.matmul(probs, v_c)
   if relative_values is not None:
     rel_v = common.relative_embeddings(relative_values, ranks, ranks)
     out_c += tf.einsum("bhcqk,qkd->bhcqd", probs, tf.cast(rel_v, probs.dtype))
