@@ -45,6 +45,15 @@ def cluster_statistics(x_hat, clusters, num_clusters, weights):
           tf.reshape(sums, [heads, num_clusters, depth]))
 
 
+def combined_statistics(x_hats, clusters, num_clusters, weights):
+  """Sum of `cluster_statistics` over several vector sets (queries and keys): one update."""
+  counts, sums = 0.0, 0.0
+  for x_hat, assigned in zip(x_hats, clusters):
+    c, s = cluster_statistics(x_hat, assigned, num_clusters, weights)
+    counts, sums = counts + c, sums + s
+  return counts, sums
+
+
 def ema_step(ema_count, ema_means, counts, sums, decay=DECAY):
   """One EMA step: x <- decay * x + (1 - decay) * batch value, for counts and sums."""
   new_count = decay * ema_count + (1.0 - decay) * counts
@@ -126,19 +135,19 @@ class OnlineKMeans(object):
     Returns:
       (update op, counts [h, c] of this step before all-reduce).
     """
-    counts, sums = 0.0, 0.0
-    for x_hat, assigned in zip(x_hats, clusters):
-      c, s = cluster_statistics(x_hat, assigned, self.num_clusters, weights)
-      counts, sums = counts + c, sums + s
-    local_counts = counts
+    counts, sums = combined_statistics(x_hats, clusters, self.num_clusters, weights)
     if all_reduce is not None:
-      counts, sums = all_reduce(counts, sums)
+      return self.update_from_statistics(*all_reduce(counts, sums))[0], counts
+    return self.update_from_statistics(counts, sums)
+
+  def update_from_statistics(self, counts, sums):
+    """EMA step from combined statistics: counts [h, c], sums [h, c, d]; returns (op, counts)."""
     new_count, new_sums = ema_step(self.ema_count, self.ema_means, counts, sums, self.decay)
     new_means = smoothed_means(new_count, new_sums, self.epsilon)
     ops = [self.ema_count.assign(new_count), self.ema_means.assign(new_sums)]
     with tf.control_dependencies(ops):
       op = self.means.assign(new_means)
-    return tf.group(op), local_counts
+    return tf.group(op), counts
 
   def loss(self, commitment, x_hats=(), clusters=(), weights=None):
     """beta * commitment loss; with ema=False also the codebook loss of (x_hats, clusters)."""

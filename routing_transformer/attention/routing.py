@@ -136,7 +136,7 @@ def check_routing(length, depth, centroids, window, name):
 
 
 def routing_attention(q, k, v, centroids, window, causal=True, share_qk=True, padding=None,
-                      relative_keys=None, relative_values=None):
+                      relative_keys=None, relative_values=None, random_routing=False):
   """Content-based sparse attention inside balanced clusters (SPEC section 2).
 
   Args:
@@ -150,6 +150,8 @@ def routing_attention(q, k, v, centroids, window, causal=True, share_qk=True, pa
       preferred as members, excluded from the commitment loss and the k-means statistics).
     relative_keys, relative_values: optional [2R + 1, d] tables indexed by the rank distance
       inside the sorted cluster.
+    random_routing: the Random Transformer baseline (paper Table 1): cluster members are drawn
+      uniformly at random instead of by centroid scores (the k-means outputs are still computed).
   Returns:
     (output [b, h, n, d], aux) where aux holds
       "query_clusters": int32 [b, h, n] argmax centroid of each q_hat,
@@ -180,7 +182,8 @@ def routing_attention(q, k, v, centroids, window, causal=True, share_qk=True, pa
   mu = tf.stop_gradient(centroids)
   query_scores = centroid_scores(q_hat, mu)
   query_clusters = assignments(query_scores)
-  query_indices = top_window(query_scores, window, pad)
+  member_scores = tf.random.uniform(tf.shape(query_scores)) if random_routing else query_scores
+  query_indices = top_window(member_scores, window, pad)
   loss = commitment_loss(q_hat, mu, query_clusters, weights)
   aux = {"q_hat": q_hat, "k_hat": k_hat, "weights": weights, "query_clusters": query_clusters,
          "query_indices": query_indices}
@@ -190,7 +193,8 @@ def routing_attention(q, k, v, centroids, window, causal=True, share_qk=True, pa
     aux["key_clusters"] = assignments(key_scores)
     loss = 0.5 * (loss + commitment_loss(k_hat, mu, aux["key_clusters"], weights))
     if not causal:
-      key_indices = top_window(key_scores, window, pad)
+      key_indices = top_window(
+          tf.random.uniform(tf.shape(key_scores)) if random_routing else key_scores, window, pad)
   aux["key_indices"] = key_indices
   aux["commitment_loss"] = loss
 

@@ -1,0 +1,83 @@
+"""Base hparams of the Routing Transformer (the original release's `sparse_transformer_local`).
+
+Every other set starts from `sparse_transformer_local()` and changes only what the paper's
+configuration changes. Names follow the original release so its command lines keep working.
+"""
+from tensor2tensor.layers import common_hparams
+from tensor2tensor.utils import registry
+
+
+def _add(hparams, **kwargs):
+  for name, value in kwargs.items():
+    if name in hparams.values():
+      hparams.set_hparam(name, value)
+    else:
+      hparams.add_hparam(name, value)
+  return hparams
+
+
+@registry.register_hparams
+def sparse_transformer_local():
+  """Local-attention-only base model (SPEC section 6); routing sets add routing heads."""
+  hparams = common_hparams.basic_params1()
+  hparams.max_length = 4096
+  hparams.batch_size = 4096
+  hparams.hidden_size = 512
+  hparams.num_hidden_layers = 24
+  hparams.dropout = 0.0
+  hparams.layer_prepostprocess_dropout = 0.0
+  hparams.label_smoothing = 0.0
+  hparams.weight_decay = 0.0
+  hparams.clip_grad_norm = 0.0
+  hparams.initializer = "uniform_unit_scaling"
+  hparams.initializer_gain = 0.2
+  # Post-norm residual blocks (T2T's "dan"), as in the released model.
+  hparams.layer_preprocess_sequence = "none"
+  hparams.layer_postprocess_sequence = "dan"
+  hparams.norm_epsilon = 1e-6
+  hparams.optimizer = "adafactor"
+  hparams.optimizer_adafactor_beta1 = 0.0
+  hparams.optimizer_adafactor_beta2 = 0.999
+  hparams.optimizer_adafactor_clipping_threshold = 1.0
+  hparams.optimizer_adafactor_decay_type = "pow"
+  hparams.optimizer_adafactor_memory_exponent = 0.8
+  hparams.optimizer_adafactor_multiply_by_parameter_scale = True
+  hparams.learning_rate_schedule = "constant*linear_warmup*rsqrt_normalized_decay"
+  hparams.learning_rate_constant = 0.01
+  hparams.learning_rate_warmup_steps = 10000
+  hparams.shared_embedding_and_softmax_weights = False
+  _add(
+      hparams,
+      max_target_length=4096,
+      filter_size=2048,
+      attention_dropout=0.0,
+      relu_dropout=0.0,
+      embedding_dims=512,
+      num_decoder_layers=24,
+      num_encoder_layers=0,
+      local_num_heads=8,
+      sparsity_cluster_num_heads=0,
+      sparsity_skip_first=0,
+      sparsity_cluster_size=0,             # number of clusters (centroids) per routing head
+      sparsity_cluster_attention_window=0,  # members per cluster (w)
+      query_shape=(512,),
+      memory_flange=(512,),
+      memory_query_shape=(512,),
+      max_relative_position=1024,
+      local_relative=True,
+      sparsity_cluster_relative=True,
+      ffn_layer="geglu",
+      share_qk=True,
+      ema=True,
+      beta=1e-4,
+      decay=0.999,
+      target_dropout=0.0,
+      add_timing_signal=False,
+      routing_mode="topk",       # "topk" (paper) or "causal_window" (strictly causal)
+      random_routing=False,      # Random Transformer baseline: members drawn at random
+      head_dense=True,           # shared per-head [d_head, d_head] map after attention
+      nucleus_sampling=0.9,
+      sampling_keep_top_k=-1,
+      fast_decode=True,
+  )
+  return hparams

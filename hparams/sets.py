@@ -1,0 +1,331 @@
+"""Registered hparams sets of the paper (SPEC section 6), the CIFAR-10 ablation and tiny sets.
+
+Every set starts from `base.sparse_transformer_local()` and sets exactly the values of the SPEC
+table; the helpers below map one table row (or table cell) onto the hparams.
+"""
+from tensor2tensor.utils import registry
+
+from hparams import base
+
+
+def _length(hparams, length):
+  """Sequence length; the batch is one sequence of `length` tokens per core."""
+  hparams.max_length = length
+  hparams.max_target_length = length
+  hparams.batch_size = length
+  return hparams
+
+
+def _size(hparams, hidden, emb, filter_size, layers):
+  hparams.hidden_size = hidden
+  hparams.embedding_dims = emb
+  hparams.filter_size = filter_size
+  hparams.num_decoder_layers = layers
+  hparams.num_hidden_layers = layers
+  return hparams
+
+
+def _heads(hparams, local, routing=0, skip_first=0, clusters=0, window=0):
+  """Local heads, and routing heads in the layers after the first `skip_first`."""
+  hparams.local_num_heads = local
+  hparams.sparsity_cluster_num_heads = routing
+  hparams.sparsity_skip_first = skip_first
+  hparams.sparsity_cluster_size = clusters
+  hparams.sparsity_cluster_attention_window = window
+  return hparams
+
+
+def _blocks(hparams, block, flange):
+  hparams.query_shape = (block,)
+  hparams.memory_query_shape = (block,)
+  hparams.memory_flange = (flange,)
+  return hparams
+
+
+def _dropouts(hparams, rate):
+  """Sets dropout, attention, relu and residual (layer_prepostprocess) dropout to `rate`."""
+  hparams.dropout = rate
+  hparams.attention_dropout = rate
+  hparams.relu_dropout = rate
+  hparams.layer_prepostprocess_dropout = rate
+  return hparams
+
+
+def _no_relative(hparams):
+  """Image sets: no relative positions ("-" in the table) but absolute positions.
+
+  The paper's image models use learned positions; the sinusoidal timing signal
+  (`add_timing_signal`) stands in for them here.
+  """
+  hparams.local_relative = False
+  hparams.sparsity_cluster_relative = False
+  hparams.add_timing_signal = True
+  return hparams
+
+
+def _wikitext(hparams):
+  """WikiText-103 regularisation: attn/relu/dropout 0.4, target dropout, weight decay."""
+  hparams.attention_dropout = 0.4
+  hparams.relu_dropout = 0.4
+  hparams.dropout = 0.4
+  hparams.target_dropout = 0.25
+  hparams.weight_decay = 2e-5
+  return hparams
+
+
+# PG-19.
+
+
+@registry.register_hparams
+def pg19_local_cluster8k():
+  """PG-19 routing model (paper: 33.2 test perplexity)."""
+  hparams = _length(base.sparse_transformer_local(), 8192)
+  _size(hparams, hidden=1032, emb=1032, filter_size=4096, layers=22)
+  _heads(hparams, local=6, routing=2, skip_first=21, clusters=16, window=512)
+  _blocks(hparams, 256, 256)
+  hparams.max_relative_position = 513
+  return _dropouts(hparams, 0.0)
+
+
+@registry.register_hparams
+def pg19_local8k():
+  """PG-19 local-attention baseline."""
+  hparams = _length(base.sparse_transformer_local(), 8192)
+  _size(hparams, hidden=1032, emb=1032, filter_size=4096, layers=24)
+  _heads(hparams, local=8)
+  _blocks(hparams, 256, 256)
+  hparams.max_relative_position = 513
+  return hparams
+
+
+# enwik8.
+
+
+@registry.register_hparams
+def enwik8_local8k():
+  """enwik8 local-attention baseline, 8k tokens."""
+  hparams = _length(base.sparse_transformer_local(), 8192)
+  _size(hparams, hidden=1024, emb=1024, filter_size=3072, layers=22)
+  _heads(hparams, local=8)
+  _blocks(hparams, 256, 256)
+  hparams.max_relative_position = 513
+  hparams.attention_dropout = 0.4
+  hparams.relu_dropout = 0.4
+  return hparams
+
+
+@registry.register_hparams
+def enwik8_local_cluster8k():
+  """enwik8 routing model, 8k tokens."""
+  hparams = _length(base.sparse_transformer_local(), 8192)
+  _size(hparams, hidden=1024, emb=1024, filter_size=3072, layers=12)
+  _heads(hparams, local=4, routing=4, skip_first=0, clusters=16, window=512)
+  _blocks(hparams, 256, 256)
+  hparams.max_relative_position = 513
+  return _dropouts(hparams, 0.0)
+
+
+@registry.register_hparams
+def enwik8_local12k():
+  """enwik8 local-attention baseline, 12k tokens."""
+  hparams = _length(base.sparse_transformer_local(), 12288)
+  _size(hparams, hidden=1024, emb=1024, filter_size=3072, layers=22)
+  _heads(hparams, local=8)
+  _blocks(hparams, 128, 128)
+  hparams.max_relative_position = 257
+  return _dropouts(hparams, 0.4)
+
+
+@registry.register_hparams
+def enwik8_local_cluster12k():
+  """enwik8 routing model, 12k tokens."""
+  hparams = _length(base.sparse_transformer_local(), 12288)
+  _size(hparams, hidden=1024, emb=1024, filter_size=3072, layers=12)
+  _heads(hparams, local=4, routing=4, skip_first=0, clusters=48, window=256)
+  _blocks(hparams, 128, 128)
+  hparams.max_relative_position = 257
+  return _dropouts(hparams, 0.0)
+
+
+# WikiText-103.
+
+
+@registry.register_hparams
+def wikitext103_local4k():
+  """WikiText-103 local-attention baseline."""
+  hparams = _length(base.sparse_transformer_local(), 4096)
+  _size(hparams, hidden=1024, emb=256, filter_size=3072, layers=14)
+  _heads(hparams, local=16)
+  _blocks(hparams, 256, 256)
+  hparams.max_relative_position = 513
+  return _wikitext(hparams)
+
+
+@registry.register_hparams
+def wikitext103_local_cluster4k():
+  """WikiText-103 routing model, 4k tokens."""
+  hparams = _length(base.sparse_transformer_local(), 4096)
+  _size(hparams, hidden=1024, emb=256, filter_size=3072, layers=14)
+  _heads(hparams, local=8, routing=8, skip_first=0, clusters=8, window=512)
+  _blocks(hparams, 256, 256)
+  hparams.max_relative_position = 513
+  return _wikitext(hparams)
+
+
+@registry.register_hparams
+def wikitext103_local_cluster1k():
+  """WikiText-103 routing model, 1k tokens."""
+  hparams = _length(base.sparse_transformer_local(), 1024)
+  _size(hparams, hidden=1024, emb=256, filter_size=3072, layers=20)
+  _heads(hparams, local=8, routing=8, skip_first=0, clusters=2, window=512)
+  _blocks(hparams, 256, 256)
+  hparams.max_relative_position = 513
+  _wikitext(hparams)
+  hparams.target_dropout = 0.2
+  return hparams
+
+
+# Images (raster-scan RGB bytes).
+
+
+@registry.register_hparams
+def cifar10_local1d():
+  """CIFAR-10 local-attention baseline."""
+  hparams = _length(base.sparse_transformer_local(), 3072)
+  _size(hparams, hidden=1024, emb=1024, filter_size=2048, layers=12)
+  _heads(hparams, local=8)
+  _blocks(hparams, 256, 256)
+  _no_relative(hparams)
+  hparams.dropout = 0.3
+  hparams.layer_prepostprocess_dropout = 0.3
+  return hparams
+
+
+@registry.register_hparams
+def cifar10_local_cluster():
+  """CIFAR-10 routing model."""
+  hparams = _length(base.sparse_transformer_local(), 3072)
+  _size(hparams, hidden=1024, emb=1024, filter_size=2048, layers=12)
+  _heads(hparams, local=4, routing=4, skip_first=0, clusters=6, window=512)
+  _blocks(hparams, 256, 256)
+  return _no_relative(hparams)
+
+
+@registry.register_hparams
+def imagenet_local1d():
+  """ImageNet-64 local-attention baseline."""
+  hparams = _length(base.sparse_transformer_local(), 12288)
+  _size(hparams, hidden=1024, emb=1024, filter_size=2048, layers=24)
+  _heads(hparams, local=16)
+  _blocks(hparams, 256, 256)
+  _no_relative(hparams)
+  hparams.dropout = 0.3
+  hparams.layer_prepostprocess_dropout = 0.3
+  return hparams
+
+
+@registry.register_hparams
+def imagenet_local_cluster():
+  """ImageNet-64 routing model."""
+  hparams = _length(base.sparse_transformer_local(), 12288)
+  _size(hparams, hidden=1024, emb=1024, filter_size=2048, layers=24)
+  _heads(hparams, local=12, routing=4, skip_first=0, clusters=8, window=2048)
+  _blocks(hparams, 256, 256)
+  return _no_relative(hparams)
+
+
+# CIFAR-10 ablation (paper Table 1): 12 layers, 8 heads, k = 6 clusters.
+
+CIFAR10_GRID_HEADS = (2, 4, 8)
+CIFAR10_GRID_LAYERS = (2, 4, 8, 12)
+CIFAR10_GRID_WINDOWS = (512, 1024)
+
+
+def cifar10_routing_name(heads, layers, window):
+  return "cifar10_routing_h%d_l%d_w%d" % (heads, layers, window)
+
+
+def cifar10_routing(heads, layers, window):
+  """`cifar10_local_cluster` with `heads` routing heads in the top `layers` layers."""
+  hparams = cifar10_local_cluster()
+  total_heads = hparams.local_num_heads + hparams.sparsity_cluster_num_heads
+  return _heads(
+      hparams,
+      local=total_heads - heads,
+      routing=heads,
+      skip_first=hparams.num_decoder_layers - layers,
+      clusters=6,
+      window=window)
+
+
+def _make_grid_fn(heads, layers, window):
+  """Binds the grid point now (a plain closure in the loop would see the last one)."""
+
+  def fn():
+    return cifar10_routing(heads, layers, window)
+
+  fn.__name__ = cifar10_routing_name(heads, layers, window)
+  fn.__doc__ = "CIFAR-10 ablation: %d routing heads, top %d layers, window %d." % (
+      heads, layers, window)
+  return fn
+
+
+def _register_cifar10_grid():
+  for heads in CIFAR10_GRID_HEADS:
+    for layers in CIFAR10_GRID_LAYERS:
+      for window in CIFAR10_GRID_WINDOWS:
+        name = cifar10_routing_name(heads, layers, window)
+        registry.register_hparams(name)(_make_grid_fn(heads, layers, window))
+
+
+_register_cifar10_grid()
+
+
+@registry.register_hparams
+def cifar10_random_routing():
+  """Random Transformer baseline (Table 1): cluster members drawn at random."""
+  hparams = cifar10_local_cluster()
+  hparams.random_routing = True
+  return hparams
+
+
+# Tiny sets for the synthetic long-range problem (512 tokens), the demo and tests.
+
+
+@registry.register_hparams
+def routing_transformer_tiny():
+  """Tiny routing model for the synthetic long-range problem."""
+  hparams = _length(base.sparse_transformer_local(), 512)
+  hparams.batch_size = 2048  # tokens: 4 sequences
+  _size(hparams, hidden=128, emb=128, filter_size=256, layers=2)
+  _heads(hparams, local=2, routing=2, skip_first=1, clusters=8, window=64)
+  _blocks(hparams, 64, 64)
+  hparams.max_relative_position = 65
+  _dropouts(hparams, 0.0)
+  hparams.learning_rate_warmup_steps = 100
+  hparams.learning_rate_constant = 0.05
+  return hparams
+
+
+@registry.register_hparams
+def local_transformer_tiny():
+  """`routing_transformer_tiny` with local heads only."""
+  return _heads(routing_transformer_tiny(), local=4, skip_first=1)
+
+
+@registry.register_hparams
+def routing_transformer_test():
+  """Smallest routing set, for unit tests."""
+  hparams = _length(base.sparse_transformer_local(), 64)
+  hparams.batch_size = 128
+  _size(hparams, hidden=32, emb=32, filter_size=64, layers=2)
+  _heads(hparams, local=2, routing=2, skip_first=1, clusters=4, window=16)
+  _blocks(hparams, 16, 16)
+  hparams.max_relative_position = 17
+  return _dropouts(hparams, 0.0)
+
+
+@registry.register_hparams
+def local_transformer_test():
+  """`routing_transformer_test` with local heads only."""
+  return _heads(routing_transformer_test(), local=4, skip_first=1)

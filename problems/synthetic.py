@@ -1,0 +1,207 @@
+"""Synthetic long-range key-value recall: a language-modelling problem that needs no download.
+
+Each sequence is exactly `LENGTH` tokens:
+
+  positions 0..31     k_1 v_1 ... k_16 v_16      16 distinct keys, each followed by a value
+  positions 32..479   f_0 f_1 ... f_7 f_0 ...    filler counting modulo `NUM_FILLERS`
+  positions 480..511  k_j v_j ...                the same 16 pairs again, shuffled
+
+Predicting a value of the final section ("far" positions) needs the matching pair more than
+448 positions back, beyond a local attention window of 64 + flange 64; everything else is
+either random (keys) or trivially local (filler). Routing attention can beat local attention
+here. Ids: 0 padding, 1 EOS (reserved, unused), then keys, values and fillers.
+"""
+import numpy as np
+import tensorflow.compat.v1 as tf
+
+from tensor2tensor.data_generators import generator_utils
+from tensor2tensor.data_generators import problem
+from tensor2tensor.data_generators import text_encoder
+from tensor2tensor.layers import common_layers
+from tensor2tensor.layers import modalities
+from tensor2tensor.utils import registry
+
+LENGTH = 512
+NUM_PAIRS = 16
+NUM_KEYS = 32
+NUM_VALUES = 32
+NUM_FILLERS = 8
+PAD_ID = 0
+EOS_ID = 1
+NUM_RESERVED = 2
+KEY_START = NUM_RESERVED
+VALUE_START = KEY_START + NUM_KEYS
+FILLER_START = VALUE_START + NUM_VALUES
+VOCAB_SIZE = FILLER_START + NUM_FILLERS
+PAIRS_LENGTH = 2 * NUM_PAIRS
+FILLER_START_POSITION = PAIRS_LENGTH
+QUERY_START = LENGTH - PAIRS_LENGTH
+TRAIN_SEED = 1
+EVAL_SEED = 2
+
+
+def far_positions():
+  """Target positions of the values in the final section (each needs a far look-up)."""
+  return [QUERY_START + 2 * i + 1 for i in range(NUM_PAIRS)]
+
+
+def far_mask(length=LENGTH):
+  """Boolean [length] mask, True at the far positions that fall inside `length`."""
+  mask = np.zeros([length], dtype=bool)
+  positions = [p for p in far_positions() if p < length]
+  mask[positions] = True
+  return mask
+
+
+def _pairs(keys, values):
+  """Interleaves [num, NUM_PAIRS] keys and values into [num, 2 * NUM_PAIRS] tokens."""
+  return np.stack([keys, values], axis=-1).reshape(keys.shape[0], -1)
+
+
+def generate_samples(seed, num):
+  """Returns `num` int64 sequences [num, LENGTH], a pure function of `seed`."""
+  rng = np.random.default_rng(seed)
+  key_ids = np.argsort(rng.random((num, NUM_KEYS)), axis=1)[:, :NUM_PAIRS]
+  value_ids = rng.integers(0, NUM_VALUES, size=(num, NUM_PAIRS))
+  order = np.argsort(rng.random((num, NUM_PAIRS)), axis=1)
+  keys = KEY_START + key_ids
+  values = VALUE_START + value_ids
+  first = _pairs(keys, values)
+  last = _pairs(np.take_along_axis(keys, order, axis=1),
+                np.take_along_axis(values, order, axis=1))
+  filler_positions = np.arange(QUERY_START - FILLER_START_POSITION)
+  filler = np.broadcast_to(FILLER_START + filler_positions % NUM_FILLERS,
+                           (num, filler_positions.size))
+  return np.concatenate([first, filler, last], axis=1).astype(np.int64)
+
+
+def token_name(i):
+  """Readable name of one id: <pad>, <EOS>, k12, v7, f3."""
+  i = int(i)
+  if i == PAD_ID:
+    return "<pad>"
+  if i == EOS_ID:
+    return "<EOS>"
+  for prefix, start, count in (("k", KEY_START, NUM_KEYS), ("v", VALUE_START, NUM_VALUES),
+                               ("f", FILLER_START, NUM_FILLERS)):
+    if start <= i < start + count:
+      return "%s%d" % (prefix, i - start)
+  raise ValueError("Id %d is outside the synthetic vocabulary [0, %d)." % (i, VOCAB_SIZE))
+
+
+def token_id(name):
+  """Inverse of `token_name`."""
+  if name == "<pad>":
+    return PAD_ID
+  if name == "<EOS>":
+    return EOS_ID
+  starts = {"k": (KEY_START, NUM_KEYS), "v": (VALUE_START, NUM_VALUES),
+            "f": (FILLER_START, NUM_FILLERS)}
+  start, count = starts.get(name[:1], (None, 0))
+  index = int(name[1:]) if name[1:].isdigit() else -1
+  if start is None or not 0 <= index < count:
+    raise ValueError("Unknown synthetic token %r; expected k0..k%d, v0..v%d, f0..f%d, <pad> "
+                     "or <EOS>." % (name, NUM_KEYS - 1, NUM_VALUES - 1, NUM_FILLERS - 1))
+  return start + index
+
+
+class SyntheticEncoder(text_encoder.TextEncoder):
+  """Maps the synthetic ids to and from readable text such as `k12 v7 f3`."""
+
+  def __init__(self):
+    super().__init__(num_reserved_ids=NUM_RESERVED)
+
+  @property
+  def vocab_size(self):
+    return VOCAB_SIZE
+
+  def encode(self, s):
+    return [token_id(name) for name in s.split()]
+
+  def decode(self, ids, strip_extraneous=False):
+    if strip_extraneous:
+      ids = text_encoder.strip_ids(ids, list(range(NUM_RESERVED)))
+    return " ".join(self.decode_list(ids))
+
+  def decode_list(self, ids):
+    return [token_name(i) for i in np.asarray(ids).reshape([-1])]
+
+
+def _position_indicator(labels, positions):
+  """Float tensor shaped like `labels`: 1.0 where the index on axis 1 is in `positions`."""
+  index = tf.range(tf.shape(labels)[1])
+  hit = tf.reduce_any(tf.equal(index[:, None], tf.constant(positions, tf.int32)[None, :]),
+                      axis=1)
+  hit = tf.reshape(tf.cast(hit, tf.float32), [1, -1] + [1] * (labels.shape.ndims - 2))
+  return hit * tf.ones_like(labels, dtype=tf.float32)
+
+
+def _token_accuracy(predictions, labels, weights_fn):
+  """Per-token correctness of argmax(predictions), padding weights, padded labels."""
+  predictions, labels = common_layers.pad_with_zeros(predictions, labels)
+  weights = (weights_fn or common_layers.weights_nonzero)(labels)
+  outputs = tf.cast(tf.argmax(predictions, axis=-1), tf.int32)
+  correct = tf.cast(tf.equal(outputs, tf.cast(labels, tf.int32)), tf.float32)
+  return correct, weights, labels
+
+
+def far_accuracy(predictions, labels, weights_fn=None):
+  """Accuracy over the far positions only (T2T metric: returns scores and weights)."""
+  with tf.variable_scope("far_accuracy", values=[predictions, labels]):
+    correct, weights, labels = _token_accuracy(predictions, labels, weights_fn)
+    return correct, weights * _position_indicator(labels, far_positions())
+
+
+def near_accuracy(predictions, labels, weights_fn=None):
+  """Accuracy over the non-far, non-padding positions."""
+  with tf.variable_scope("near_accuracy", values=[predictions, labels]):
+    correct, weights, labels = _token_accuracy(predictions, labels, weights_fn)
+    return correct, weights * (1.0 - _position_indicator(labels, far_positions()))
+
+
+@registry.register_problem
+class SyntheticLongRange(problem.Problem):
+  """Key-value recall across `LENGTH` tokens (T2T name: synthetic_long_range)."""
+
+  num_train = 20000
+  num_eval = 1000
+  num_train_shards = 4
+  num_eval_shards = 1
+
+  @property
+  def dataset_splits(self):
+    return [
+        {"split": problem.DatasetSplit.TRAIN, "shards": self.num_train_shards,
+         "seed": TRAIN_SEED, "num": self.num_train},
+        {"split": problem.DatasetSplit.EVAL, "shards": self.num_eval_shards,
+         "seed": EVAL_SEED, "num": self.num_eval},
+    ]
+
+  @property
+  def batch_size_means_tokens(self):
+    return True
+
+  def generate_data(self, data_dir, tmp_dir, task_id=-1):
+    del tmp_dir, task_id
+    for split in self.dataset_splits:
+      paths = self.data_filepaths(split["split"], data_dir, split["shards"], shuffled=True)
+      samples = generate_samples(split["seed"], split["num"])
+      generator_utils.generate_files(({"targets": row.tolist()} for row in samples), paths)
+
+  def feature_encoders(self, data_dir):
+    del data_dir
+    return {"targets": SyntheticEncoder()}
+
+  def hparams(self, defaults, model_hparams):
+    del model_hparams
+    defaults.modality = {"targets": modalities.ModalityType.SYMBOL}
+    defaults.vocab_size = {"targets": VOCAB_SIZE}
+
+  def example_reading_spec(self):
+    return {"targets": tf.VarLenFeature(tf.int64)}, None
+
+  def eval_metric_fns(self, model_hparams):
+    metric_fns = dict(super().eval_metric_fns(model_hparams))
+    metric_fns["far_accuracy"] = far_accuracy
+    metric_fns["near_accuracy"] = near_accuracy
+    return metric_fns

@@ -1,0 +1,206 @@
+"""The Routing Transformer as a Tensor2Tensor model (`routing_transformer`, `sparse_transformer`).
+
+Decoder-only LM (num_encoder_layers = 0) or encoder-decoder. Embeddings, the projection to
+hidden_size and the output projection live in the body (as in the released model), so the
+model's bottom and top are identities and the body returns logits [b, n, 1, 1, vocab] plus
+{"extra_loss": sum of beta * commitment losses}. Sequences are padded to max_target_length /
+max_length so every shape is static (TPU/XLA).
+
+Centroid updates: in TRAIN mode each routing layer reports its k-means statistics; after all
+data-parallel shards are built, `model_fn_sharded` averages them over shards (cross-replica sum
+on TPU) and applies one EMA update per layer, so every shard keeps identical centroids.
+"""
+import collections
+
+import tensorflow as tf
+
+from routing_transformer import compat
+from routing_transformer import kmeans
+from routing_transformer import layers
+
+compat.patch_tensor2tensor()
+
+# pylint: disable=g-import-not-at-top,wrong-import-position
+from tensor2tensor.layers import common_attention
+from tensor2tensor.layers import common_layers
+from tensor2tensor.utils import registry
+from tensor2tensor.utils import t2t_model
+# pylint: enable=g-import-not-at-top,wrong-import-position
+
+tf1 = tf.compat.v1
+
+
+class HParamsError(ValueError):
+  """Inconsistent hparams; the message names the hparam and the fix."""
+
+
+def check_hparams(hparams, length=None):
+  """Fails fast on hparams the model cannot run with; returns None or raises HParamsError."""
+  heads = hparams.local_num_heads + hparams.sparsity_cluster_num_heads
+  length = length or hparams.max_target_length or hparams.max_length
+  block, flange = hparams.query_shape[0], hparams.memory_flange[0]
+  problems = []
+  if heads <= 0 or hparams.hidden_size % heads:
+    problems.append("hidden_size=%d is not divisible by local_num_heads + "
+                    "sparsity_cluster_num_heads = %d; change one of them"
+                    % (hparams.hidden_size, heads))
+  if block <= 0 or length % block:
+    problems.append("max_length/max_target_length=%d is not a multiple of query_shape=%d; use "
+                    "e.g. max_length=%d" % (length, block, -(-length // max(block, 1)) * block))
+  if block > 0 and flange % block:
+    problems.append("memory_flange=%d is not a multiple of query_shape=%d" % (flange, block))
+  routing = hparams.sparsity_cluster_num_heads > 0 and (
+      hparams.sparsity_skip_first < hparams.num_decoder_layers or
+      hparams.num_encoder_layers > 0)
+  if routing:
+    clusters = hparams.sparsity_cluster_size
+    window = hparams.sparsity_cluster_attention_window
+    if clusters <= 0 or window <= 0:
+      problems.append("sparsity_cluster_num_heads=%d needs sparsity_cluster_size > 0 and "
+                      "sparsity_cluster_attention_window > 0 (got %d and %d); set them or use "
+                      "sparsity_cluster_num_heads=0" % (hparams.sparsity_cluster_num_heads,
+                                                        clusters, window))
+    elif window > length:
+      problems.append("sparsity_cluster_attention_window=%d exceeds the length %d; lower it"
+                      % (window, length))
+    elif clusters * window < length:
+      problems.append("sparsity_cluster_size * sparsity_cluster_attention_window = %d * %d < "
+                      "length %d leaves tokens out of every cluster; use sparsity_cluster_size "
+                      ">= %d" % (clusters, window, length, -(-length // window)))
+  if hparams.routing_mode not in ("topk",):
+    problems.append("routing_mode=%r is not supported; use 'topk'" % hparams.routing_mode)
+  if problems:
+    raise HParamsError("Inconsistent hparams for routing_transformer: " + "; ".join(problems))
+
+
+def pad_to_length(ids, length, name):
+  """Pads int ids [b, n] with 0 to exactly `length` (static); fails if n > length."""
+  n = tf.shape(ids)[1]
+  check = tf.debugging.assert_less_equal(
+      n, length, message="%s longer than the model's static length %d; raise max_length/"
+      "max_target_length or shorten the examples" % (name, length))
+  with tf.control_dependencies([check]):
+    padded = tf.pad(ids, [[0, 0], [0, length - n]])
+  padded.set_shape([ids.shape[0], length])
+  return padded
+
+
+@registry.register_model("sparse_transformer")
+@registry.register_model
+class RoutingTransformer(t2t_model.T2TModel):
+  """Routing Transformer LM / encoder-decoder (Roy et al., 2021)."""
+
+  def __init__(self, *args, **kwargs):
+    super(RoutingTransformer, self).__init__(*args, **kwargs)
+    self._kmeans_steps = collections.OrderedDict()
+
+  @property
+  def is_train(self):
+    return self.hparams.mode == tf.estimator.ModeKeys.TRAIN
+
+  def bottom(self, features):
+    return dict(features)  # embeddings are part of the body
+
+  def top(self, body_output, features):
+    return body_output  # the body returns logits
+
+  def embed(self, ids, name):
+    """ids [b, n] -> [b, n, hidden]: embedding_dims lookup (no scaling), dropout, dense."""
+    hparams = self.hparams
+    vocab = self._problem_hparams.vocab_size["targets"]
+    with tf1.variable_scope(name):
+      table = tf1.get_variable("embedding", [vocab, hparams.embedding_dims],
+                               initializer=tf1.random_normal_initializer(0.0, 1.0))
+    x = tf.gather(table, ids)
+    if self.is_train and hparams.dropout:
+      x = tf.nn.dropout(x, rate=hparams.dropout)
+    x = layers.dense(x, hparams.hidden_size, "emb_dense" if name == "embeddings" else
+                     name + "_dense", use_bias=True)
+    if hparams.add_timing_signal:
+      x = common_attention.add_timing_signal_1d(x)
+    return x
+
+  def stack(self, x, padding, causal, prefix, num_layers, memory=None, memory_padding=None):
+    """Residual blocks: self-attention, [enc-dec attention], FFN with T2T pre/post-processing."""
+    hparams = self.hparams
+    losses = []
+    for i in range(num_layers):
+      with tf1.variable_scope("%s_layer_%d" % (prefix, i)):
+        with tf1.variable_scope("self_attention"):
+          with tf1.variable_scope("self_attention"):
+            y, loss, step = layers.self_attention(
+                common_layers.layer_preprocess(x, hparams), hparams, i, padding,
+                causal=causal, train=self.is_train)
+          x = common_layers.layer_postprocess(x, y, hparams)
+          if step is not None:
+            self._kmeans_steps.setdefault(step.km.means.name, []).append(step)
+          losses.append(loss)
+          if memory is not None:
+            with tf1.variable_scope("encdec_attention"):
+              y = layers.encdec_attention(common_layers.layer_preprocess(x, hparams), memory,
+                                          hparams, memory_padding)
+            x = common_layers.layer_postprocess(x, y, hparams)
+          with tf1.variable_scope("ffn"):
+            y = layers.ffn(common_layers.layer_preprocess(x, hparams), hparams, self.is_train)
+          x = common_layers.layer_postprocess(x, y, hparams)
+    return common_layers.layer_preprocess(x, hparams), tf.add_n([tf.cast(l, tf.float32)
+                                                                for l in losses])
+
+  def body(self, features):
+    hparams = self.hparams
+    check_hparams(hparams)
+    targets = tf.cast(features["targets"], tf.int32)
+    ids = tf.reshape(targets, common_layers.shape_list(targets)[:2])
+    actual_length = tf.shape(ids)[1]
+    length = hparams.max_target_length or hparams.max_length
+    ids = pad_to_length(ids, length, "targets")
+    if self.is_train and hparams.target_dropout:
+      drop = tf.random.uniform(tf.shape(ids)) < hparams.target_dropout
+      ids_in = tf.where(drop, tf.zeros_like(ids), ids)
+    else:
+      ids_in = ids
+    shifted = tf.pad(ids_in, [[0, 0], [1, 0]])[:, :-1]
+    padding = tf.equal(ids, 0)  # position i is padding when its target is padding
+
+    memory, memory_padding, extra = None, None, 0.0
+    if hparams.num_encoder_layers > 0 and "inputs" in features:
+      inputs = tf.cast(features["inputs"], tf.int32)
+      in_ids = tf.reshape(inputs, common_layers.shape_list(inputs)[:2])
+      in_ids = pad_to_length(in_ids, hparams.max_length, "inputs")
+      memory_padding = tf.equal(in_ids, 0)
+      memory, extra = self.stack(self.embed(in_ids, "input_embeddings"), memory_padding,
+                                 False, "encoder", hparams.num_encoder_layers)
+    x = self.embed(shifted, "embeddings")
+    x, loss = self.stack(x, padding, True, "decoder", hparams.num_decoder_layers, memory,
+                         memory_padding)
+    if hparams.hidden_size != hparams.embedding_dims:
+      x = layers.dense(x, hparams.embedding_dims, "final_dense_1", use_bias=True)
+    vocab = self._problem_hparams.vocab_size["targets"]
+    logits = layers.dense(x, vocab, "final_dense_2", use_bias=True)
+    logits = logits[:, :actual_length, tf.newaxis, tf.newaxis, :]
+    return logits, {"extra_loss": loss + extra}
+
+  def model_fn_sharded(self, sharded_features):
+    self._kmeans_steps = collections.OrderedDict()
+    sharded_logits, losses = super(RoutingTransformer, self).model_fn_sharded(sharded_features)
+    if self.is_train and self._kmeans_steps:
+      updates = [self.centroid_update(steps) for steps in self._kmeans_steps.values()]
+      with tf.control_dependencies(updates):
+        losses["extra_loss"] = tf.identity(losses.get("extra_loss", 0.0))
+    return sharded_logits, losses
+
+  def centroid_update(self, steps):
+    """One EMA update of a layer's centroids from the statistics of every shard (and replica)."""
+    stats = [step.statistics() for step in steps]
+    counts = tf.add_n([c for c, _ in stats]) / len(stats)
+    sums = tf.add_n([s for _, s in stats]) / len(stats)
+    km = steps[0].km
+    if common_layers.is_xla_compiled():  # TPU: identical centroids on every replica
+      counts = tf1.tpu.cross_replica_sum(counts)
+      sums = tf1.tpu.cross_replica_sum(sums)
+    op, _ = km.update_from_statistics(counts, sums)
+    if common_layers.should_generate_summaries():
+      name = km.means.name.split("/body/")[-1].replace("/means:0", "")
+      for key, value in kmeans.occupancy(counts).items():
+        tf1.summary.scalar("routing/%s/%s" % (name, key), value)
+    return op

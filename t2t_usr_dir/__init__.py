@@ -1,0 +1,20 @@
+"""What `--t2t_usr_dir=t2t_usr_dir` imports: TF2 fixes, then every model, hparams set and problem.
+
+T2T imports this directory as a package by its path, so the repository root is put on sys.path
+first (the project is used from its checkout, not installed).
+"""
+import os
+import sys
+
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if _ROOT not in sys.path:
+  sys.path.insert(0, _ROOT)
+
+# pylint: disable=g-import-not-at-top,unused-import,wrong-import-position
+from routing_transformer import compat
+
+compat.patch_tensor2tensor()
+
+import hparams  # registers the hparams sets
+import problems  # registers the problems
+from routing_transformer import model  # registers routing_transformer / sparse_transformer

@@ -1,0 +1,186 @@
+"""Registered hparams sets against the SPEC section 6 table (written here independently)."""
+import itertools
+
+import pytest
+
+# Columns: length, hidden, emb, filter, layers, local heads, routing heads, skip_first,
+# clusters, window, block, flange, max_rel (None: no relative positions),
+# (dropout, attention_dropout, relu_dropout, layer_prepostprocess_dropout).
+_D0 = (0.0, 0.0, 0.0, 0.0)
+_WIKI = (0.4, 0.4, 0.4, 0.0)
+TABLE = {
+    "pg19_local_cluster8k": (8192, 1032, 1032, 4096, 22, 6, 2, 21, 16, 512, 256, 256, 513, _D0),
+    "pg19_local8k": (8192, 1032, 1032, 4096, 24, 8, 0, 0, 0, 0, 256, 256, 513, _D0),
+    "enwik8_local8k": (8192, 1024, 1024, 3072, 22, 8, 0, 0, 0, 0, 256, 256, 513,
+                       (0.0, 0.4, 0.4, 0.0)),
+    "enwik8_local_cluster8k": (8192, 1024, 1024, 3072, 12, 4, 4, 0, 16, 512, 256, 256, 513,
+                               _D0),
+    "enwik8_local12k": (12288, 1024, 1024, 3072, 22, 8, 0, 0, 0, 0, 128, 128, 257,
+                        (0.4, 0.4, 0.4, 0.4)),
+    "enwik8_local_cluster12k": (12288, 1024, 1024, 3072, 12, 4, 4, 0, 48, 256, 128, 128, 257,
+                                _D0),
+    "wikitext103_local4k": (4096, 1024, 256, 3072, 14, 16, 0, 0, 0, 0, 256, 256, 513, _WIKI),
+    "wikitext103_local_cluster4k": (4096, 1024, 256, 3072, 14, 8, 8, 0, 8, 512, 256, 256, 513,
+                                    _WIKI),
+    "wikitext103_local_cluster1k": (1024, 1024, 256, 3072, 20, 8, 8, 0, 2, 512, 256, 256, 513,
+                                    _WIKI),
+    "cifar10_local1d": (3072, 1024, 1024, 2048, 12, 8, 0, 0, 0, 0, 256, 256, None,
+                        (0.3, 0.0, 0.0, 0.3)),
+    "cifar10_local_cluster": (3072, 1024, 1024, 2048, 12, 4, 4, 0, 6, 512, 256, 256, None, _D0),
+    "imagenet_local1d": (12288, 1024, 1024, 2048, 24, 16, 0, 0, 0, 0, 256, 256, None,
+                         (0.3, 0.0, 0.0, 0.3)),
+    "imagenet_local_cluster": (12288, 1024, 1024, 2048, 24, 12, 4, 0, 8, 2048, 256, 256, None,
+                               _D0),
+}
+TARGET_DROPOUT = {"wikitext103_local4k": 0.25, "wikitext103_local_cluster4k": 0.25,
+                  "wikitext103_local_cluster1k": 0.2}
+WEIGHT_DECAY = {name: 2e-5 for name in TARGET_DROPOUT}
+
+GRID = [("cifar10_routing_h%d_l%d_w%d" % (h, l, w), h, l, w)
+        for h, l, w in itertools.product((2, 4, 8), (2, 4, 8, 12), (512, 1024))]
+TINY = ["routing_transformer_tiny", "local_transformer_tiny",
+        "routing_transformer_test", "local_transformer_test"]
+ALL_SETS = list(TABLE) + [g[0] for g in GRID] + ["cifar10_random_routing"] + TINY
+
+
+@pytest.fixture(scope="module")
+def registry():
+  import routing_transformer  # pylint: disable=g-import-not-at-top,unused-import
+  import hparams  # pylint: disable=g-import-not-at-top,unused-import
+  from tensor2tensor.utils import registry as t2t_registry  # pylint: disable=g-import-not-at-top
+  return t2t_registry
+
+
+def _routing_heads(hp):
+  return hp.sparsity_cluster_num_heads
+
+
+@pytest.mark.parametrize("name", sorted(TABLE))
+def test_table_values(registry, name):
+  (length, hidden, emb, filter_size, layers, local, routing, skip, clusters, window, block,
+   flange, max_rel, dropouts) = TABLE[name]
+  hp = registry.hparams(name)
+  assert (hp.max_length, hp.max_target_length, hp.batch_size) == (length,) * 3
+  assert (hp.hidden_size, hp.embedding_dims, hp.filter_size) == (hidden, emb, filter_size)
+  assert hp.num_decoder_layers == layers and hp.num_hidden_layers == layers
+  assert (hp.local_num_heads, hp.sparsity_cluster_num_heads) == (local, routing)
+  assert hp.sparsity_skip_first == skip
+  assert (hp.sparsity_cluster_size, hp.sparsity_cluster_attention_window) == (clusters, window)
+  assert tuple(hp.query_shape) == (block,) and tuple(hp.memory_query_shape) == (block,)
+  assert tuple(hp.memory_flange) == (flange,)
+  if max_rel is None:
+    assert not hp.local_relative and not hp.sparsity_cluster_relative
+    assert hp.add_timing_signal
+  else:
+    assert hp.max_relative_position == max_rel
+    assert hp.local_relative and hp.sparsity_cluster_relative
+    assert not hp.add_timing_signal
+  got = (hp.dropout, hp.attention_dropout, hp.relu_dropout, hp.layer_prepostprocess_dropout)
+  assert got == pytest.approx(dropouts)
+  assert hp.target_dropout == pytest.approx(TARGET_DROPOUT.get(name, 0.0))
+  assert hp.weight_decay == pytest.approx(WEIGHT_DECAY.get(name, 0.0))
+  assert hp.random_routing is False
+
+
+@pytest.mark.parametrize("name", ALL_SETS)
+def test_consistency(registry, name):
+  hp = registry.hparams(name)
+  block = hp.query_shape[0]
+  assert hp.hidden_size % (hp.local_num_heads + hp.sparsity_cluster_num_heads) == 0
+  assert hp.max_length % block == 0
+  assert hp.memory_flange[0] % block == 0
+  assert hp.max_target_length == hp.max_length
+  if _routing_heads(hp):
+    assert 0 < hp.sparsity_cluster_attention_window <= hp.max_length
+    assert hp.sparsity_cluster_size > 0
+    assert hp.sparsity_skip_first < hp.num_decoder_layers
+  else:
+    assert hp.sparsity_cluster_size == 0 and hp.sparsity_cluster_attention_window == 0
+
+
+def test_cifar10_grid(registry):
+  assert len(GRID) == 24
+  names = [n for n in registry.list_hparams("cifar10_routing_")]
+  assert sorted(names) == sorted(g[0] for g in GRID)
+  base = registry.hparams("cifar10_local_cluster")
+  for name, heads, layers, window in GRID:
+    hp = registry.hparams(name)
+    assert hp.sparsity_cluster_num_heads == heads
+    assert hp.local_num_heads == 8 - heads
+    assert hp.num_decoder_layers == 12
+    assert hp.sparsity_skip_first == 12 - layers
+    assert hp.sparsity_cluster_size == 6
+    assert hp.sparsity_cluster_attention_window == window
+    assert hp.hidden_size == base.hidden_size and hp.max_length == base.max_length
+    assert not hp.random_routing
+
+
+def test_random_routing(registry):
+  hp = registry.hparams("cifar10_random_routing")
+  base = registry.hparams("cifar10_local_cluster")
+  assert hp.random_routing is True
+  changed = {k for k, v in hp.values().items() if base.values()[k] != v}
+  assert changed == {"random_routing"}
+
+
+@pytest.mark.parametrize("name,local,routing,clusters,window", [
+    ("routing_transformer_tiny", 2, 2, 8, 64),
+    ("local_transformer_tiny", 4, 0, 0, 0),
+])
+def test_tiny(registry, name, local, routing, clusters, window):
+  hp = registry.hparams(name)
+  assert (hp.max_length, hp.max_target_length, hp.batch_size) == (512, 512, 2048)
+  assert (hp.hidden_size, hp.embedding_dims, hp.filter_size) == (128, 128, 256)
+  assert hp.num_decoder_layers == hp.num_hidden_layers == 2
+  assert (hp.local_num_heads, hp.sparsity_cluster_num_heads) == (local, routing)
+  assert hp.sparsity_skip_first == 1
+  assert (hp.sparsity_cluster_size, hp.sparsity_cluster_attention_window) == (clusters, window)
+  assert tuple(hp.query_shape) == tuple(hp.memory_query_shape) == tuple(hp.memory_flange) == (64,)
+  assert hp.max_relative_position == 65
+  assert hp.dropout == hp.attention_dropout == hp.relu_dropout == 0.0
+  assert hp.layer_prepostprocess_dropout == 0.0
+  assert hp.learning_rate_warmup_steps == 100
+  assert hp.learning_rate_constant == pytest.approx(0.05)
+  assert hp.optimizer == "adafactor"
+  assert hp.learning_rate_schedule == "constant*linear_warmup*rsqrt_normalized_decay"
+
+
+@pytest.mark.parametrize("name,local,routing,clusters,window", [
+    ("routing_transformer_test", 2, 2, 4, 16),
+    ("local_transformer_test", 4, 0, 0, 0),
+])
+def test_unit_test_sets(registry, name, local, routing, clusters, window):
+  hp = registry.hparams(name)
+  assert (hp.max_length, hp.max_target_length, hp.batch_size) == (64, 64, 128)
+  assert (hp.hidden_size, hp.embedding_dims, hp.filter_size) == (32, 32, 64)
+  assert hp.num_decoder_layers == hp.num_hidden_layers == 2
+  assert (hp.local_num_heads, hp.sparsity_cluster_num_heads) == (local, routing)
+  assert hp.sparsity_skip_first == 1
+  assert (hp.sparsity_cluster_size, hp.sparsity_cluster_attention_window) == (clusters, window)
+  assert tuple(hp.query_shape) == tuple(hp.memory_query_shape) == tuple(hp.memory_flange) == (16,)
+  assert hp.max_relative_position == 17
+  assert hp.dropout == hp.layer_prepostprocess_dropout == 0.0
+
+
+def test_base_optimizer_settings(registry):
+  hp = registry.hparams("pg19_local_cluster8k")
+  assert hp.optimizer == "adafactor"
+  assert hp.optimizer_adafactor_beta1 == 0.0
+  assert hp.optimizer_adafactor_beta2 == pytest.approx(0.999)
+  assert hp.optimizer_adafactor_clipping_threshold == 1.0
+  assert hp.optimizer_adafactor_decay_type == "pow"
+  assert hp.optimizer_adafactor_memory_exponent == pytest.approx(0.8)
+  assert hp.optimizer_adafactor_multiply_by_parameter_scale is True
+  assert hp.learning_rate_schedule == "constant*linear_warmup*rsqrt_normalized_decay"
+  assert hp.learning_rate_constant == pytest.approx(0.01)
+  assert hp.learning_rate_warmup_steps == 10000
+  assert hp.initializer == "uniform_unit_scaling"
+  assert hp.initializer_gain == pytest.approx(0.2)
+  assert hp.clip_grad_norm == 0.0
+  assert hp.label_smoothing == 0.0
+
+
+def test_sets_are_fresh_objects(registry):
+  first = registry.hparams("routing_transformer_tiny")
+  first.hidden_size = 7
+  assert registry.hparams("routing_transformer_tiny").hidden_size == 128
