@@ -2,7 +2,7 @@
 PY := .venv/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: setup test test-fast bench-attention demo clean
+.PHONY: setup test bench-attention bench-train demo clean
 
 setup:
 	@bash scripts/setup.sh
@@ -10,8 +10,14 @@ setup:
 test: setup
 	$(PY) -m pytest -q tests $(PYTEST_ARGS)
 
+demo: setup
+	$(PY) scripts/demo.py $(DEMO_ARGS)
+
 bench-attention: setup
 	$(PY) benchmarks/attention.py
 
+bench-train: setup
+	$(PY) benchmarks/train_step.py
+
 clean:
-	rm -rf .pytest_cache benchmarks/results
+	rm -rf .pytest_cache benchmarks/results demo_output

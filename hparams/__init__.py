@@ -3,5 +3,11 @@ from routing_transformer import compat
 
 compat.apply()
 
-from hparams import base  # pylint: disable=g-import-not-at-top,wrong-import-position
-from hparams import sets  # pylint: disable=g-import-not-at-top,wrong-import-position
+# pylint: disable=g-import-not-at-top,wrong-import-position
+from tensor2tensor.utils import registry
+
+_BEFORE = set(registry.list_hparams())
+from hparams import base
+from hparams import sets
+
+PROJECT_SETS = tuple(sorted(set(registry.list_hparams()) - _BEFORE))  # names of our sets

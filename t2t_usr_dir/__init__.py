@@ -18,3 +18,6 @@ compat.patch_tensor2tensor()
 import hparams  # registers the hparams sets
 import problems  # registers the problems
 from routing_transformer import model  # registers routing_transformer / sparse_transformer
+from routing_transformer import t2t_glue
+
+t2t_glue.guard_create_hparams()
