@@ -2,16 +2,16 @@
 
 Each sequence is exactly `LENGTH` tokens:
 
-  positions 0..7      r(k_1,v_1) ... r(k_8,v_8)  8 records, each one token binding a key to a value
-  positions 8..495    f_0 f_1 ... f_7 f_0 ...    filler counting modulo `NUM_FILLERS`
-  positions 496..511  k_j v_j ...                the 8 keys again, shuffled, each with its value
+  positions 0..31     v_1 k_1 ... v_16 k_16      16 distinct keys, each preceded by its value
+  positions 32..479   f_0 f_1 ... f_7 f_0 ...    filler counting modulo `NUM_FILLERS`
+  positions 480..511  k_j v_j ...                the same 16 pairs again, shuffled, key first
 
-Predicting a value of the final section ("far" positions) needs the record of its key, 488+
-positions back: beyond a local attention window (64 + flange 64), but one content-based hop for
-routing attention (the query token k_j and the record r(k_j, v_j) can share a cluster). Keys,
-values and records are random (unpredictable); filler is trivially local. Chance on the far
-positions is 1 / NUM_VALUES. Ids: 0 padding, 1 EOS (reserved, unused), then keys, values,
-fillers and records.
+Predicting a value of the final section ("far" positions) needs the matching pair more than
+448 positions back, beyond a local attention window of 64 + flange 64. For routing attention it
+is one content-based hop: the query key k_j and the early k_j are the same token (so they share
+a cluster), and the early k_j's position carries its value (the previous token) once a local
+layer has looked one token back. Keys and values are random, the filler is trivially local.
+Ids: 0 padding, 1 EOS (reserved, unused), then keys, values and fillers.
 """
 import numpy as np
 import tensorflow.compat.v1 as tf
@@ -24,9 +24,9 @@ from tensor2tensor.layers import modalities
 from tensor2tensor.utils import registry
 
 LENGTH = 512
-NUM_PAIRS = 8
-NUM_KEYS = 16
-NUM_VALUES = 8
+NUM_PAIRS = 16
+NUM_KEYS = 32
+NUM_VALUES = 32
 NUM_FILLERS = 8
 PAD_ID = 0
 EOS_ID = 1
@@ -34,11 +34,10 @@ NUM_RESERVED = 2
 KEY_START = NUM_RESERVED
 VALUE_START = KEY_START + NUM_KEYS
 FILLER_START = VALUE_START + NUM_VALUES
-RECORD_START = FILLER_START + NUM_FILLERS
-NUM_RECORDS = NUM_KEYS * NUM_VALUES
-VOCAB_SIZE = RECORD_START + NUM_RECORDS
-FILLER_START_POSITION = NUM_PAIRS
-QUERY_START = LENGTH - 2 * NUM_PAIRS
+VOCAB_SIZE = FILLER_START + NUM_FILLERS
+PAIRS_LENGTH = 2 * NUM_PAIRS
+FILLER_START_POSITION = PAIRS_LENGTH
+QUERY_START = LENGTH - PAIRS_LENGTH
 TRAIN_SEED = 1
 EVAL_SEED = 2
 
@@ -56,9 +55,9 @@ def far_mask(length=LENGTH):
   return mask
 
 
-def record_id(key, value):
-  """Id of the record token binding key index `key` to value index `value`."""
-  return RECORD_START + key * NUM_VALUES + value
+def _pairs(keys, values):
+  """Interleaves [num, NUM_PAIRS] keys and values into [num, 2 * NUM_PAIRS] tokens."""
+  return np.stack([keys, values], axis=-1).reshape(keys.shape[0], -1)
 
 
 def generate_samples(seed, num):
@@ -67,17 +66,19 @@ def generate_samples(seed, num):
   key_ids = np.argsort(rng.random((num, NUM_KEYS)), axis=1)[:, :NUM_PAIRS]
   value_ids = rng.integers(0, NUM_VALUES, size=(num, NUM_PAIRS))
   order = np.argsort(rng.random((num, NUM_PAIRS)), axis=1)
-  records = record_id(key_ids, value_ids)
-  last = np.stack([KEY_START + np.take_along_axis(key_ids, order, axis=1),
-                   VALUE_START + np.take_along_axis(value_ids, order, axis=1)], axis=-1)
+  keys = KEY_START + key_ids
+  values = VALUE_START + value_ids
+  first = _pairs(values, keys)  # value first: the key's position then carries its value
+  last = _pairs(np.take_along_axis(keys, order, axis=1),
+                np.take_along_axis(values, order, axis=1))
   filler_positions = np.arange(QUERY_START - FILLER_START_POSITION)
   filler = np.broadcast_to(FILLER_START + filler_positions % NUM_FILLERS,
                            (num, filler_positions.size))
-  return np.concatenate([records, filler, last.reshape(num, -1)], axis=1).astype(np.int64)
+  return np.concatenate([first, filler, last], axis=1).astype(np.int64)
 
 
 def token_name(i):
-  """Readable name of one id: <pad>, <EOS>, k12, v7, f3, r12.7 (record of k12 and v7)."""
+  """Readable name of one id: <pad>, <EOS>, k12, v7, f3."""
   i = int(i)
   if i == PAD_ID:
     return "<pad>"
@@ -87,8 +88,6 @@ def token_name(i):
                                ("f", FILLER_START, NUM_FILLERS)):
     if start <= i < start + count:
       return "%s%d" % (prefix, i - start)
-  if RECORD_START <= i < VOCAB_SIZE:
-    return "r%d.%d" % divmod(i - RECORD_START, NUM_VALUES)
   raise ValueError("Id %d is outside the synthetic vocabulary [0, %d)." % (i, VOCAB_SIZE))
 
 
@@ -98,17 +97,13 @@ def token_id(name):
     return PAD_ID
   if name == "<EOS>":
     return EOS_ID
-  if name[:1] == "r" and name[1:].count(".") == 1:
-    key, value = name[1:].split(".")
-    if key.isdigit() and value.isdigit() and int(key) < NUM_KEYS and int(value) < NUM_VALUES:
-      return record_id(int(key), int(value))
   starts = {"k": (KEY_START, NUM_KEYS), "v": (VALUE_START, NUM_VALUES),
             "f": (FILLER_START, NUM_FILLERS)}
   start, count = starts.get(name[:1], (None, 0))
   index = int(name[1:]) if name[1:].isdigit() else -1
   if start is None or not 0 <= index < count:
-    raise ValueError("Unknown synthetic token %r; expected k0..k%d, v0..v%d, f0..f%d, "
-                     "r<k>.<v>, <pad> or <EOS>." % (name, NUM_KEYS - 1, NUM_VALUES - 1, NUM_FILLERS - 1))
+    raise ValueError("Unknown synthetic token %r; expected k0..k%d, v0..v%d, f0..f%d, <pad> "
+                     "or <EOS>." % (name, NUM_KEYS - 1, NUM_VALUES - 1, NUM_FILLERS - 1))
   return start + index
 
 

@@ -85,7 +85,6 @@ def pad_to_length(ids, length, name):
   return padded
 
 
-@registry.register_model("sparse_transformer")
 @registry.register_model
 class RoutingTransformer(t2t_model.T2TModel):
   """Routing Transformer LM / encoder-decoder (Roy et al., 2021)."""
@@ -204,3 +203,8 @@ class RoutingTransformer(t2t_model.T2TModel):
       for key, value in kmeans.occupancy(counts).items():
         tf1.summary.scalar("routing/%s/%s" % (name, key), value)
     return op
+
+
+@registry.register_model("sparse_transformer")
+class SparseTransformer(RoutingTransformer):
+  """The same model under the original release's name (its variables live in that scope)."""

@@ -23,62 +23,53 @@ def test_determinism(synthetic):
   assert synthetic.TRAIN_SEED != synthetic.EVAL_SEED
 
 
-def _records(s, row):
-  """{key id: value id} bound by the record tokens of the first section."""
-  keys, values = np.divmod(row[:s.NUM_PAIRS] - s.RECORD_START, s.NUM_VALUES)
-  return dict(zip((keys + s.KEY_START).tolist(), (values + s.VALUE_START).tolist()))
-
-
 def test_layout(synthetic, samples):
   s = synthetic
   assert samples.shape == (64, s.LENGTH) and samples.dtype == np.int64
-  assert s.QUERY_START == 496 and s.NUM_PAIRS == 8
+  assert s.QUERY_START == 480 and s.NUM_PAIRS == 16
   for row in samples:
-    records = row[:8]
-    assert ((records >= s.RECORD_START) & (records < s.VOCAB_SIZE)).all()
-    first = _records(s, row)
-    assert len(first) == 8  # distinct keys
-    filler = row[8:496]
-    np.testing.assert_array_equal(filler, s.FILLER_START + np.arange(488) % s.NUM_FILLERS)
-    last_keys, last_values = row[496::2], row[497::2]
-    assert ((last_keys >= s.KEY_START) & (last_keys < s.VALUE_START)).all()
-    assert ((last_values >= s.VALUE_START) & (last_values < s.FILLER_START)).all()
-    assert sorted(last_keys.tolist()) == sorted(first)
+    values, keys = row[0:32:2], row[1:32:2]  # value first, then its key
+    assert len(set(keys.tolist())) == 16
+    assert ((keys >= s.KEY_START) & (keys < s.KEY_START + s.NUM_KEYS)).all()
+    assert ((values >= s.VALUE_START) & (values < s.VALUE_START + s.NUM_VALUES)).all()
+    filler = row[32:480]
+    expected = s.FILLER_START + np.arange(448) % s.NUM_FILLERS
+    np.testing.assert_array_equal(filler, expected)
+    first = dict(zip(keys.tolist(), values.tolist()))
+    last_keys, last_values = row[480::2], row[481::2]
+    assert sorted(last_keys.tolist()) == sorted(keys.tolist())
     assert dict(zip(last_keys.tolist(), last_values.tolist())) == first
 
 
 def test_far_positions(synthetic, samples):
   far = synthetic.far_positions()
-  assert far == list(range(497, 512, 2))
+  assert far == list(range(481, 512, 2))
   mask = synthetic.far_mask(synthetic.LENGTH)
-  assert mask.dtype == bool and mask.sum() == 8 and mask[far].all()
-  assert synthetic.far_mask(500).sum() == 2
-  # A far target is the value bound to its key (the previous token) by a record 488+ back.
+  assert mask.dtype == bool and mask.sum() == 16 and mask[far].all()
+  assert synthetic.far_mask(490).sum() == 5
+  # A far target is the value that preceded its key (the previous token) in the first section.
   for row in samples[:8]:
-    first = _records(synthetic, row)
+    first = dict(zip(row[1:32:2].tolist(), row[0:32:2].tolist()))
     for p in far:
       assert row[p] == first[row[p - 1]]
-      assert p - synthetic.NUM_PAIRS >= 488
+      assert p - int(np.where(row[:32] == row[p - 1])[0][0]) > 448
 
 
 def test_vocab_range(synthetic, samples):
   assert samples.min() >= synthetic.NUM_RESERVED
   assert samples.max() < synthetic.VOCAB_SIZE
-  assert synthetic.VOCAB_SIZE == 2 + 16 + 8 + 8 + 16 * 8
+  assert synthetic.VOCAB_SIZE == 2 + 32 + 32 + 8
 
 
 def test_encoder_round_trip(synthetic, samples):
   encoder = synthetic.SyntheticEncoder()
   assert encoder.vocab_size == synthetic.VOCAB_SIZE
   text = encoder.decode(samples[0])
-  key, value = divmod(int(samples[0, 0]) - synthetic.RECORD_START, 8)
-  assert text.split()[0] == "r%d.%d" % (key, value)
-  assert text.split()[-2][0] == "k" and text.split()[-1][0] == "v"
+  assert text.split()[:2] == ["v%d" % (samples[0, 0] - 34), "k%d" % (samples[0, 1] - 2)]
   assert encoder.encode(text) == samples[0].tolist()
   assert encoder.decode([0, 1, 2]) == "<pad> <EOS> k0"
-  for bad in ("k99", "r16.0", "r1.8", "x"):
-    with pytest.raises(ValueError, match="Unknown synthetic token"):
-      encoder.encode(bad)
+  with pytest.raises(ValueError, match="Unknown synthetic token"):
+    encoder.encode("k99")
 
 
 def _logits(targets, vocab, wrong_mask=None):
@@ -111,7 +102,7 @@ def test_metrics_on_crafted_logits(synthetic, samples):
   assert _mean(synthetic.far_accuracy, wrong_near, labels) == 1.0
   assert _mean(synthetic.near_accuracy, wrong_near, labels) == 0.0
   _, weights = synthetic.far_accuracy(perfect, labels)
-  assert float(np.asarray(weights).sum()) == 4 * 6  # far positions 509 and 511 are padding
+  assert float(np.asarray(weights).sum()) == 4 * 14  # far positions 509 and 511 are padding
 
 
 def test_eval_metric_fns(synthetic):

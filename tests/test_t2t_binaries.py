@@ -85,3 +85,18 @@ def test_bad_hparams_fail_fast_with_the_fix(data_dir, tmp_path, args, message):
   last = run.stderr.strip().splitlines()[-1]
   assert message in last and "Traceback" not in run.stderr
   assert not glob.glob(os.path.join(str(tmp_path), "model.ckpt*"))
+
+
+@pytest.mark.parametrize("flags", [
+    ["--use_tpu_estimator", "--iterations_per_loop=3", "--cloud_tpu_name=", "--schedule=train"],
+    ["--worker_gpu=2", "--schedule=train"],
+    ["--xla_compile", "--schedule=train"],
+], ids=["tpu_estimator", "worker_gpu2", "xla_compile"])
+def test_distributed_paths_train(data_dir, tmp_path, flags):
+  """TPUEstimator on the CPU, two data-parallel shards, and XLA: each trains and checkpoints."""
+  out = str(tmp_path)
+  run = t2t("t2t-trainer", "--problem=synthetic_long_range", "--model=routing_transformer",
+            "--hparams_set=routing_transformer_tiny", "--data_dir=" + data_dir,
+            "--output_dir=" + out, "--train_steps=3", *flags)
+  assert run.returncode == 0, run.stderr[-4000:]
+  assert glob.glob(os.path.join(out, "model.ckpt-3.index")), os.listdir(out)
