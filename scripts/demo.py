@@ -5,7 +5,7 @@
 3. predictions for a few eval sequences: the values each model recalls at the far positions;
 4. a comparison table (loss, far/near accuracy, training speed) in demo_output/summary.{md,json}.
 
-    .venv/bin/python scripts/demo.py [--steps 1500] [--output demo_output]
+    .venv/bin/python scripts/demo.py [--steps 2500] [--output demo_output]
 """
 import argparse
 import glob
@@ -15,6 +15,7 @@ import subprocess
 import sys
 import time
 
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BIN = os.path.dirname(sys.executable)
 PROBLEM = "synthetic_long_range"
@@ -74,6 +75,7 @@ def far_predictions(run_dir, hparams_set, data_dir, num=3):
   from tensor2tensor.utils import registry  # pylint: disable=g-import-not-at-top
   from tensor2tensor.utils import trainer_lib  # pylint: disable=g-import-not-at-top
   tf1 = tf.compat.v1
+  tf.get_logger().setLevel("ERROR")
   hparams = trainer_lib.create_hparams(hparams_set, data_dir=data_dir, problem_name=PROBLEM)
   eval_seqs = synthetic.generate_samples(synthetic.EVAL_SEED, num)
   with tf.Graph().as_default():
@@ -95,7 +97,7 @@ def far_predictions(run_dir, hparams_set, data_dir, num=3):
 
 def main():
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  parser.add_argument("--steps", type=int, default=1500, help="training steps per model")
+  parser.add_argument("--steps", type=int, default=2500, help="training steps per model")
   parser.add_argument("--eval_steps", type=int, default=25)
   parser.add_argument("--output", default=os.path.join(ROOT, "demo_output"))
   args = parser.parse_args()
