@@ -88,7 +88,8 @@ def test_bad_hparams_fail_fast_with_the_fix(data_dir, tmp_path, args, message):
 
 
 @pytest.mark.parametrize("flags", [
-    ["--use_tpu_estimator", "--iterations_per_loop=3", "--cloud_tpu_name=", "--schedule=train"],
+    ["--use_tpu_estimator", "--iterations_per_loop=3", "--cloud_tpu_name=", "--schedule=train",
+     "--hparams=tpu_enable_host_call=True"],
     ["--worker_gpu=2", "--schedule=train"],
     ["--xla_compile", "--schedule=train"],
 ], ids=["tpu_estimator", "worker_gpu2", "xla_compile"])
@@ -100,3 +101,16 @@ def test_distributed_paths_train(data_dir, tmp_path, flags):
             "--output_dir=" + out, "--train_steps=3", *flags)
   assert run.returncode == 0, run.stderr[-4000:]
   assert glob.glob(os.path.join(out, "model.ckpt-3.index")), os.listdir(out)
+  if "--use_tpu_estimator" in flags:  # summaries came through TPUEstimator's host_call
+    tags = _summary_tags(out)
+    assert any("occupancy_entropy" in t for t in tags), sorted(tags)[:20]
+    assert any("extra_loss" in t for t in tags), sorted(tags)[:20]
+
+
+def _summary_tags(run_dir):
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  tags = set()
+  for path in glob.glob(os.path.join(run_dir, "events.out.tfevents.*")):
+    for event in tf.compat.v1.train.summary_iterator(path):
+      tags.update(v.tag for v in event.summary.value)
+  return tags
