@@ -188,50 +188,44 @@ def wikitext103_local_cluster1k():
 # Images (raster-scan RGB bytes).
 
 
+def _image_set(length, layers, local, routing=0, clusters=0, window=0, dropout=0.0):
+  """Raster-scan RGB byte models: hidden = embedding 1024, filter 2048, block/flange 256."""
+  hparams = _length(base.sparse_transformer_local(), length)
+  _size(hparams, hidden=1024, emb=1024, filter_size=2048, layers=layers)
+  if routing:
+    _heads(hparams, local=local, routing=routing, skip_first=0, clusters=clusters,
+           window=window)
+  else:
+    _heads(hparams, local=local)
+  _blocks(hparams, 256, 256)
+  _no_relative(hparams)
+  hparams.dropout = dropout
+  hparams.layer_prepostprocess_dropout = dropout
+  return hparams
+
+
 @registry.register_hparams
 def cifar10_local1d():
   """CIFAR-10 local-attention baseline."""
-  hparams = _length(base.sparse_transformer_local(), 3072)
-  _size(hparams, hidden=1024, emb=1024, filter_size=2048, layers=12)
-  _heads(hparams, local=8)
-  _blocks(hparams, 256, 256)
-  _no_relative(hparams)
-  hparams.dropout = 0.3
-  hparams.layer_prepostprocess_dropout = 0.3
-  return hparams
+  return _image_set(3072, layers=12, local=8, dropout=0.3)
 
 
 @registry.register_hparams
 def cifar10_local_cluster():
   """CIFAR-10 routing model."""
-  hparams = _length(base.sparse_transformer_local(), 3072)
-  _size(hparams, hidden=1024, emb=1024, filter_size=2048, layers=12)
-  _heads(hparams, local=4, routing=4, skip_first=0, clusters=6, window=512)
-  _blocks(hparams, 256, 256)
-  return _no_relative(hparams)
+  return _image_set(3072, layers=12, local=4, routing=4, clusters=6, window=512)
 
 
 @registry.register_hparams
 def imagenet_local1d():
   """ImageNet-64 local-attention baseline."""
-  hparams = _length(base.sparse_transformer_local(), 12288)
-  _size(hparams, hidden=1024, emb=1024, filter_size=2048, layers=24)
-  _heads(hparams, local=16)
-  _blocks(hparams, 256, 256)
-  _no_relative(hparams)
-  hparams.dropout = 0.3
-  hparams.layer_prepostprocess_dropout = 0.3
-  return hparams
+  return _image_set(12288, layers=24, local=16, dropout=0.3)
 
 
 @registry.register_hparams
 def imagenet_local_cluster():
   """ImageNet-64 routing model."""
-  hparams = _length(base.sparse_transformer_local(), 12288)
-  _size(hparams, hidden=1024, emb=1024, filter_size=2048, layers=24)
-  _heads(hparams, local=12, routing=4, skip_first=0, clusters=8, window=2048)
-  _blocks(hparams, 256, 256)
-  return _no_relative(hparams)
+  return _image_set(12288, layers=24, local=12, routing=4, clusters=8, window=2048)
 
 
 # CIFAR-10 ablation (paper Table 1): 12 layers, 8 heads, k = 6 clusters.

@@ -167,3 +167,11 @@ BAD_HPARAMS = [
 def test_inconsistent_hparams_fail_with_the_fix(overrides, message):
   with pytest.raises(model_lib.HParamsError, match=message):
     model_lib.check_hparams(small_hparams(**overrides))
+
+
+def test_every_project_hparams_set_passes_the_model_checks():
+  import hparams  # pylint: disable=g-import-not-at-top
+  from tensor2tensor.utils import registry  # pylint: disable=g-import-not-at-top
+  assert len(hparams.PROJECT_SETS) >= 13 + 24 + 1 + 4
+  for name in hparams.PROJECT_SETS:
+    model_lib.check_hparams(registry.hparams(name))

@@ -93,6 +93,23 @@ def optional_tensors(*values):
   return tuple(None if x is None else tf.convert_to_tensor(x) for x in values)
 
 
+def self_attention_inputs(q, k, v, relative_keys, relative_values, name):
+  """Converts and validates self-attention inputs ([b, h, n, d], equal lengths, tables).
+
+  Returns:
+    (q, k, v, relative_keys, relative_values, heads, length, depth).
+  """
+  q, k, v = (tf.convert_to_tensor(x) for x in (q, k, v))
+  relative_keys, relative_values = optional_tensors(relative_keys, relative_values)
+  _, heads, n, depth = check_qkv(q, k, v, name)
+  if k.shape[2] != n:
+    raise ValueError("%s: keys have length %d but queries %d; self-attention needs equal "
+                     "lengths." % (name, k.shape[2], n))
+  check_relative_table(relative_keys, depth, "relative_keys", name)
+  check_relative_table(relative_values, v.shape[-1], "relative_values", name)
+  return q, k, v, relative_keys, relative_values, heads, n, depth
+
+
 def check_relative_table(table, depth, arg, name):
   """Validates a relative position table [2R + 1, d]."""
   if table is None:

@@ -63,15 +63,9 @@ def local_attention(q, k, v, block_length, flange, causal=True, relative_keys=No
     [b, h, n, d]; a query with no allowed key gets 0.
   """
   name = "local_attention"
-  q, k, v = (tf.convert_to_tensor(x) for x in (q, k, v))
-  relative_keys, relative_values = common.optional_tensors(relative_keys, relative_values)
-  _, heads, n, depth = common.check_qkv(q, k, v, name)
-  if k.shape[2] != n:
-    raise ValueError("%s: keys have length %d but queries %d; local self-attention needs equal "
-                     "lengths." % (name, k.shape[2], n))
+  q, k, v, relative_keys, relative_values, heads, n, depth = common.self_attention_inputs(
+      q, k, v, relative_keys, relative_values, name)
   check_blocks(n, block_length, flange, name)
-  common.check_relative_table(relative_keys, depth, "relative_keys", name)
-  common.check_relative_table(relative_values, v.shape[-1], "relative_values", name)
   if scale is None:
     scale = depth ** -0.5
   num_blocks = n // block_length

@@ -163,16 +163,10 @@ def routing_attention(q, k, v, centroids, window, causal=True, share_qk=True, pa
       "query_indices", "key_indices": int32 [b, h, c, w] cluster members.
   """
   name = "routing_attention"
-  q, k, v = (tf.convert_to_tensor(x) for x in (q, k, v))
-  relative_keys, relative_values = common.optional_tensors(relative_keys, relative_values)
-  _, _, n, depth = common.check_qkv(q, k, v, name)
-  if k.shape[2] != n:
-    raise ValueError("%s: keys have length %d but queries %d; routing self-attention needs "
-                     "equal lengths." % (name, k.shape[2], n))
+  q, k, v, relative_keys, relative_values, _, n, depth = common.self_attention_inputs(
+      q, k, v, relative_keys, relative_values, name)
   centroids = tf.convert_to_tensor(centroids)
   check_routing(n, depth, centroids, window, name)
-  common.check_relative_table(relative_keys, depth, "relative_keys", name)
-  common.check_relative_table(relative_values, v.shape[-1], "relative_values", name)
   pad = common.key_padding(padding, None, n, name)
 
   q_hat = common.layer_norm_no_scale(q)
