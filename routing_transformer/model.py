@@ -103,10 +103,10 @@ class RoutingTransformer(t2t_model.T2TModel):
   def top(self, body_output, features):
     return body_output  # the body returns logits
 
-  def embed(self, ids, name):
+  def embed(self, ids, name, feature="targets"):
     """ids [b, n] -> [b, n, hidden]: embedding_dims lookup (no scaling), dropout, dense."""
     hparams = self.hparams
-    vocab = self._problem_hparams.vocab_size["targets"]
+    vocab = self._problem_hparams.vocab_size[feature]
     with tf1.variable_scope(name):
       table = tf1.get_variable("embedding", [vocab, hparams.embedding_dims],
                                initializer=tf1.random_normal_initializer(0.0, 1.0))
@@ -167,8 +167,8 @@ class RoutingTransformer(t2t_model.T2TModel):
       in_ids = tf.reshape(inputs, common_layers.shape_list(inputs)[:2])
       in_ids = pad_to_length(in_ids, hparams.max_length, "inputs")
       memory_padding = tf.equal(in_ids, 0)
-      memory, extra = self.stack(self.embed(in_ids, "input_embeddings"), memory_padding,
-                                 False, "encoder", hparams.num_encoder_layers)
+      memory, extra = self.stack(self.embed(in_ids, "input_embeddings", "inputs"),
+                                 memory_padding, False, "encoder", hparams.num_encoder_layers)
     x = self.embed(shifted, "embeddings")
     x, loss = self.stack(x, padding, True, "decoder", hparams.num_decoder_layers, memory,
                          memory_padding)

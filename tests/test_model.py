@@ -30,8 +30,8 @@ def small_hparams(**overrides):
   return h
 
 
-def build(hparams, mode, features, shards=1):
-  p_hparams = problem_hparams.test_problem_hparams(VOCAB, VOCAB, hparams)
+def build(hparams, mode, features, shards=1, input_vocab=VOCAB):
+  p_hparams = problem_hparams.test_problem_hparams(input_vocab, VOCAB, hparams)
   dp = expert_utils.Parallelism([""] * shards, reuse=tf1.AUTO_REUSE) if shards > 1 else None
   model = model_lib.RoutingTransformer(hparams, mode, p_hparams, data_parallelism=dp)
   features = {k: tf.convert_to_tensor(v) for k, v in features.items()}
@@ -65,8 +65,11 @@ def test_forward_shapes_and_finite_loss(rng, encoder_layers):
   if encoder_layers:
     features["inputs"] = random_targets(rng, pad_from=40)
   with tf.Graph().as_default():
-    logits, losses = build(h, TRAIN, features)
+    logits, losses = build(h, TRAIN, features, input_vocab=VOCAB + 7)
     assert logits.shape.as_list() == [2, 64, 1, 1, VOCAB]
+    if encoder_layers:
+      table = [v for v in tf1.global_variables() if "input_embeddings/embedding" in v.name]
+      assert table and table[0].shape[0] == VOCAB + 7
     values = run(losses)
   assert np.isfinite(values["training"]) and values["training"] > 0
   assert 0 < values["extra_loss"] < 1e-2  # beta * commitment
