@@ -2,7 +2,7 @@
 PY := .venv/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: setup test bench-attention bench-train demo clean
+.PHONY: setup test bench-attention bench-train bench-decode demo clean
 
 setup:
 	@bash scripts/setup.sh
@@ -15,6 +15,9 @@ demo: setup
 
 bench-attention: setup
 	$(PY) benchmarks/attention.py
+
+bench-decode: setup
+	$(PY) benchmarks/decode.py
 
 bench-train: setup
 	$(PY) benchmarks/train_step.py

@@ -5,6 +5,7 @@ Shapes: x [b, n, hidden]; heads are [b, h, n, d_head] with d_head = hidden / hea
 import tensorflow as tf
 
 from routing_transformer import attention
+from routing_transformer.attention import incremental
 from routing_transformer import kmeans
 from tensor2tensor.layers import common_layers
 
@@ -62,6 +63,50 @@ class KMeansStep(object):
                                       self.weights)
 
 
+def head_counts(hparams, layer_index):
+  """(routing heads, local heads, depth per head) of a layer."""
+  num_heads = hparams.local_num_heads + hparams.sparsity_cluster_num_heads
+  num_routing = routing_heads(hparams, layer_index)
+  return num_routing, num_heads - num_routing, hparams.hidden_size // num_heads
+
+
+def projections(x, hparams, layer_index):
+  """q (scaled by d^-0.5), k, v: [b, n, hidden] -> 3 x [b, heads, n, d]."""
+  num_routing, num_local, depth = head_counts(hparams, layer_index)
+  heads = num_routing + num_local
+  q = split_heads(dense(x, hparams.hidden_size, "q"), heads) * depth ** -0.5
+  k = split_heads(dense(x, hparams.hidden_size, "k"), heads)
+  v = split_heads(dense(x, hparams.hidden_size, "v"), heads)
+  return q, k, v
+
+
+def routing_variables(hparams, layer_index):
+  """The routing heads' k-means (centroids) and relative tables, in scope `routing`."""
+  num_routing, _, depth = head_counts(hparams, layer_index)
+  with tf1.variable_scope("routing"):
+    km = kmeans.OnlineKMeans(num_routing, hparams.sparsity_cluster_size, depth,
+                             decay=hparams.decay, beta=hparams.beta, ema=hparams.ema,
+                             name="cluster_attention")
+    rel_k, rel_v = relative_tables(hparams, depth, hparams.sparsity_cluster_relative)
+  return km, rel_k, rel_v
+
+
+def local_variables(hparams, layer_index):
+  """The local heads' relative tables, in scope `local`."""
+  with tf1.variable_scope("local"):
+    return relative_tables(hparams, head_counts(hparams, layer_index)[2],
+                           hparams.local_relative)
+
+
+def attention_output(out, hparams, train=False):
+  """Heads [b, h, n, d] -> [b, n, hidden]: dropout, shared head_dense, output_transform."""
+  out = tf.nn.dropout(out, rate=hparams.attention_dropout) if train and \
+      hparams.attention_dropout else out
+  if hparams.head_dense:  # one [d, d] map shared by all heads, as in the released model
+    out = dense(out, out.shape[-1], "head_dense")
+  return dense(combine_heads(out), hparams.hidden_size, "output_transform")
+
+
 def self_attention(x, hparams, layer_index, padding, causal=True, train=False):
   """Multi-head self-attention mixing local and routing heads.
 
@@ -75,20 +120,11 @@ def self_attention(x, hparams, layer_index, padding, causal=True, train=False):
   Returns:
     (y [b, n, hidden], commitment loss (scalar, 0 without routing heads), KMeansStep or None).
   """
-  num_heads = hparams.local_num_heads + hparams.sparsity_cluster_num_heads
-  num_routing = routing_heads(hparams, layer_index)
-  num_local = num_heads - num_routing
-  depth = hparams.hidden_size // num_heads
-  q = split_heads(dense(x, hparams.hidden_size, "q"), num_heads) * depth ** -0.5
-  k = split_heads(dense(x, hparams.hidden_size, "k"), num_heads)
-  v = split_heads(dense(x, hparams.hidden_size, "v"), num_heads)
+  num_routing, num_local, _ = head_counts(hparams, layer_index)
+  q, k, v = projections(x, hparams, layer_index)
   outputs, loss, step = [], 0.0, None
   if num_routing:
-    with tf1.variable_scope("routing"):
-      km = kmeans.OnlineKMeans(num_routing, hparams.sparsity_cluster_size, depth,
-                               decay=hparams.decay, beta=hparams.beta, ema=hparams.ema,
-                               name="cluster_attention")
-      rel_k, rel_v = relative_tables(hparams, depth, hparams.sparsity_cluster_relative)
+    km, rel_k, rel_v = routing_variables(hparams, layer_index)
     q_r, k_r, v_r = q[:, :num_routing], k[:, :num_routing], v[:, :num_routing]
     if hparams.share_qk:
       k_r = q_r
@@ -102,37 +138,111 @@ def self_attention(x, hparams, layer_index, padding, causal=True, train=False):
     step = KMeansStep(km, x_hats, clusters, aux["weights"]) if train else None
     outputs.append(out)
   if num_local:
-    with tf1.variable_scope("local"):
-      rel_k, rel_v = relative_tables(hparams, depth, hparams.local_relative)
+    rel_k, rel_v = local_variables(hparams, layer_index)
     outputs.append(attention.local_attention(
         q[:, num_routing:], k[:, num_routing:], v[:, num_routing:], hparams.query_shape[0],
         hparams.memory_flange[0], causal=causal, relative_keys=rel_k, relative_values=rel_v,
         padding=None if causal else padding, scale=1.0))
   out = tf.concat(outputs, axis=1) if len(outputs) > 1 else outputs[0]
-  out = tf.nn.dropout(out, rate=hparams.attention_dropout) if train and \
-      hparams.attention_dropout else out
-  if hparams.head_dense:  # one [d, d] map shared by all heads, as in the released model
-    out = dense(out, depth, "head_dense")
-  return dense(combine_heads(out), hparams.hidden_size, "output_transform"), loss, step
+  return attention_output(out, hparams, train), loss, step
 
 
-def encdec_attention(x, memory, hparams, memory_padding):
+def self_attention_cache(hparams, layer_index, batch, length, dtype=tf.float32):
+  """Zero caches of one decoder layer for `self_attention_step` (static length N).
+
+  Returns:
+    dict: "local_k", "local_v" [b, local heads, N, d]; "routing_k" (normalised keys),
+    "routing_v" [b, routing heads, N, d] and "routing_scores" [b, routing heads, c, N].
+  """
+  num_routing, num_local, depth = head_counts(hparams, layer_index)
+  cache = {}
+  if num_local:
+    cache["local_k"] = tf.zeros([batch, num_local, length, depth], dtype)
+    cache["local_v"] = tf.zeros([batch, num_local, length, depth], dtype)
+  if num_routing:
+    cache["routing_k"] = tf.zeros([batch, num_routing, length, depth], dtype)
+    cache["routing_v"] = tf.zeros([batch, num_routing, length, depth], dtype)
+    cache["routing_scores"] = tf.zeros(
+        [batch, num_routing, hparams.sparsity_cluster_size, length], dtype)
+  return cache
+
+
+def self_attention_step(x, hparams, layer_index, cache, position):
+  """Causal self-attention of the new position only, reading and updating the layer's caches.
+
+  Local heads attend to their cached window; routing heads route over the cached prefix with the
+  decode-time rule (`attention.incremental`).
+
+  Args:
+    x: [b, 1, hidden] input of the new position.
+    cache: dict from `self_attention_cache` (or a previous step).
+    position: int32 scalar t.
+  Returns:
+    (y [b, 1, hidden], updated cache).
+  """
+  if hparams.random_routing:
+    raise ValueError("Cached decoding of random_routing models is not supported (members are "
+                     "random draws); decode with fast_decode=False.")
+  num_routing, num_local, _ = head_counts(hparams, layer_index)
+  q, k, v = projections(x, hparams, layer_index)
+  cache, outputs = dict(cache), []
+  if num_routing:
+    km, rel_k, rel_v = routing_variables(hparams, layer_index)
+    q_hat = attention.layer_norm_no_scale(q[:, :num_routing])
+    k_hat = q_hat if hparams.share_qk else attention.layer_norm_no_scale(k[:, :num_routing])
+    mu = tf.cast(km.means, q_hat.dtype)
+    scores = incremental.routing.centroid_scores(q_hat, mu)  # [b, h, c, 1]
+    cache["routing_k"] = incremental.write_cache(cache["routing_k"], k_hat, position)
+    cache["routing_v"] = incremental.write_cache(cache["routing_v"], v[:, :num_routing], position)
+    cache["routing_scores"] = incremental.write_cache(cache["routing_scores"], scores, position,
+                                                      axis=3)
+    outputs.append(incremental.routing_attention_step(
+        q_hat, cache["routing_k"], cache["routing_v"], cache["routing_scores"], position,
+        hparams.sparsity_cluster_attention_window, relative_keys=rel_k, relative_values=rel_v))
+  if num_local:
+    rel_k, rel_v = local_variables(hparams, layer_index)
+    cache["local_k"] = incremental.write_cache(cache["local_k"], k[:, num_routing:], position)
+    cache["local_v"] = incremental.write_cache(cache["local_v"], v[:, num_routing:], position)
+    outputs.append(incremental.local_attention_step(
+        q[:, num_routing:], cache["local_k"], cache["local_v"], position, hparams.query_shape[0],
+        hparams.memory_flange[0], causal=True, relative_keys=rel_k, relative_values=rel_v,
+        scale=1.0))
+  out = tf.concat(outputs, axis=1) if len(outputs) > 1 else outputs[0]
+  return attention_output(out, hparams), cache
+
+
+def encdec_memory(memory, hparams):
+  """Keys and values of the encoder output for encdec_attention: 2 x [b, heads, m, d]."""
+  num_heads = hparams.local_num_heads + hparams.sparsity_cluster_num_heads
+  k = split_heads(dense(memory, hparams.hidden_size, "k"), num_heads)
+  v = split_heads(dense(memory, hparams.hidden_size, "v"), num_heads)
+  return k, v
+
+
+def encdec_attention(x, memory, hparams, memory_padding, position=None):
   """Decoder-to-encoder attention (all heads local over the memory when lengths match).
 
   Args:
-    x: [b, n, hidden] decoder activations.
-    memory: [b, m, hidden] encoder output.
+    x: [b, n, hidden] decoder activations ([b, 1, hidden] when decoding step by step).
+    memory: [b, m, hidden] encoder output, or its (keys, values) from `encdec_memory` (computed
+      once before step-by-step decoding).
     memory_padding: bool [b, m] or None.
+    position: None for whole sequences; the decoder position t (int32 scalar) of a single
+      decoding step, whose query then attends to the memory window of block t // query_shape.
   Returns:
     [b, n, hidden].
   """
   num_heads = hparams.local_num_heads + hparams.sparsity_cluster_num_heads
   depth = hparams.hidden_size // num_heads
   q = split_heads(dense(x, hparams.hidden_size, "q"), num_heads) * depth ** -0.5
-  k = split_heads(dense(memory, hparams.hidden_size, "k"), num_heads)
-  v = split_heads(dense(memory, hparams.hidden_size, "v"), num_heads)
-  if q.shape[2] == k.shape[2]:
-    block = hparams.memory_query_shape[0]
+  k, v = memory if isinstance(memory, tuple) else encdec_memory(memory, hparams)
+  target_length = hparams.max_target_length or hparams.max_length
+  block = hparams.memory_query_shape[0]
+  local = target_length == k.shape[2] and target_length % block == 0
+  if local and position is not None:
+    out = incremental.local_attention_step(q, k, v, position, block, hparams.memory_flange[0],
+                                           causal=False, padding=memory_padding, scale=1.0)
+  elif local:
     out = attention.local_attention(q, k, v, block, hparams.memory_flange[0], causal=False,
                                     padding=memory_padding, scale=1.0)
   else:
@@ -148,9 +258,10 @@ def ffn(x, hparams, train=False):
     if train and hparams.relu_dropout:
       h = tf.nn.dropout(h, rate=hparams.relu_dropout)
     return dense(h, hparams.hidden_size, "weight3")
-  if hparams.ffn_layer == "dense_relu_dense":
-    return common_layers.dense_relu_dense(
-        x, hparams.filter_size, hparams.hidden_size,
-        dropout=hparams.relu_dropout if train else 0.0)
+  if hparams.ffn_layer == "dense_relu_dense":  # T2T's names; variable-scoped (decode reuses them)
+    h = tf.nn.relu(dense(x, hparams.filter_size, "conv1", use_bias=True))
+    if train and hparams.relu_dropout:
+      h = tf.nn.dropout(h, rate=hparams.relu_dropout)
+    return dense(h, hparams.hidden_size, "conv2", use_bias=True)
   raise ValueError("ffn_layer=%r is not supported; use 'geglu' or 'dense_relu_dense'."
                    % hparams.ffn_layer)

@@ -103,8 +103,11 @@ class RoutingTransformer(t2t_model.T2TModel):
   def top(self, body_output, features):
     return body_output  # the body returns logits
 
-  def embed(self, ids, name, feature="targets"):
-    """ids [b, n] -> [b, n, hidden]: embedding_dims lookup (no scaling), dropout, dense."""
+  def embed(self, ids, name, feature="targets", position=None):
+    """ids [b, n] -> [b, n, hidden]: embedding_dims lookup (no scaling), dropout, dense.
+
+    `position` (int32 scalar) is the position of a single decoding step (ids [b, 1]).
+    """
     hparams = self.hparams
     vocab = self._problem_hparams.vocab_size[feature]
     with tf1.variable_scope(name):
@@ -115,35 +118,79 @@ class RoutingTransformer(t2t_model.T2TModel):
       x = tf.nn.dropout(x, rate=hparams.dropout)
     x = layers.dense(x, hparams.hidden_size, "emb_dense" if name == "embeddings" else
                      name + "_dense", use_bias=True)
-    if hparams.add_timing_signal:
+    if hparams.add_timing_signal and position is None:
       x = common_attention.add_timing_signal_1d(x)
+    elif hparams.add_timing_signal:
+      x = common_attention.add_timing_signal_1d_given_position(
+          x, tf.fill(tf.shape(ids), position))
     return x
 
-  def stack(self, x, padding, causal, prefix, num_layers, memory=None, memory_padding=None):
-    """Residual blocks: self-attention, [enc-dec attention], FFN with T2T pre/post-processing."""
+  def layer_stack(self, x, prefix, num_layers, attend, memory_attend=None):
+    """Residual blocks: self-attention, [enc-dec attention], FFN with T2T pre/post-processing.
+
+    Args:
+      x: [b, n, hidden].
+      prefix: "encoder" or "decoder" (variable scopes `<prefix>_layer_<i>`).
+      num_layers: number of blocks.
+      attend: (normalised x, layer index) -> self-attention output [b, n, hidden].
+      memory_attend: optional (normalised x, layer index) -> enc-dec attention output.
+    Returns:
+      [b, n, hidden] (final layer_preprocess applied).
+    """
     hparams = self.hparams
-    losses = []
     for i in range(num_layers):
       with tf1.variable_scope("%s_layer_%d" % (prefix, i)):
         with tf1.variable_scope("self_attention"):
           with tf1.variable_scope("self_attention"):
-            y, loss, step = layers.self_attention(
-                common_layers.layer_preprocess(x, hparams), hparams, i, padding,
-                causal=causal, train=self.is_train)
+            y = attend(common_layers.layer_preprocess(x, hparams), i)
           x = common_layers.layer_postprocess(x, y, hparams)
-          if step is not None:
-            self._kmeans_steps.setdefault(step.km.means.name, []).append(step)
-          losses.append(loss)
-          if memory is not None:
+          if memory_attend is not None:
             with tf1.variable_scope("encdec_attention"):
-              y = layers.encdec_attention(common_layers.layer_preprocess(x, hparams), memory,
-                                          hparams, memory_padding)
+              y = memory_attend(common_layers.layer_preprocess(x, hparams), i)
             x = common_layers.layer_postprocess(x, y, hparams)
           with tf1.variable_scope("ffn"):
             y = layers.ffn(common_layers.layer_preprocess(x, hparams), hparams, self.is_train)
           x = common_layers.layer_postprocess(x, y, hparams)
-    return common_layers.layer_preprocess(x, hparams), tf.add_n([tf.cast(l, tf.float32)
-                                                                for l in losses])
+    return common_layers.layer_preprocess(x, hparams)
+
+  def stack(self, x, padding, causal, prefix, num_layers, memory=None, memory_padding=None):
+    """Whole-sequence layers; returns (x [b, n, hidden], summed commitment losses)."""
+    hparams = self.hparams
+    losses = []
+
+    def attend(y, i):
+      out, loss, step = layers.self_attention(y, hparams, i, padding, causal=causal,
+                                              train=self.is_train)
+      if step is not None:
+        self._kmeans_steps.setdefault(step.km.means.name, []).append(step)
+      losses.append(tf.cast(loss, tf.float32))
+      return out
+
+    memory_attend = None if memory is None else (
+        lambda y, i: layers.encdec_attention(y, memory, hparams, memory_padding))
+    x = self.layer_stack(x, prefix, num_layers, attend, memory_attend)
+    return x, tf.add_n(losses)
+
+  def logits(self, x):
+    """[b, n, hidden] -> [b, n, vocab]: [final_dense_1 when dims differ], final_dense_2."""
+    hparams = self.hparams
+    if hparams.hidden_size != hparams.embedding_dims:
+      x = layers.dense(x, hparams.embedding_dims, "final_dense_1", use_bias=True)
+    vocab = self._problem_hparams.vocab_size["targets"]
+    return layers.dense(x, vocab, "final_dense_2", use_bias=True)
+
+  def encode(self, features):
+    """(memory [b, m, hidden], memory_padding [b, m], commitment loss) or Nones without inputs."""
+    hparams = self.hparams
+    if hparams.num_encoder_layers <= 0 or "inputs" not in features:
+      return None, None, 0.0
+    inputs = tf.cast(features["inputs"], tf.int32)
+    in_ids = tf.reshape(inputs, common_layers.shape_list(inputs)[:2])
+    in_ids = pad_to_length(in_ids, hparams.max_length, "inputs")
+    memory_padding = tf.equal(in_ids, 0)
+    memory, loss = self.stack(self.embed(in_ids, "input_embeddings", "inputs"), memory_padding,
+                              False, "encoder", hparams.num_encoder_layers)
+    return memory, memory_padding, loss
 
   def body(self, features):
     hparams = self.hparams
@@ -161,23 +208,23 @@ class RoutingTransformer(t2t_model.T2TModel):
     shifted = tf.pad(ids_in, [[0, 0], [1, 0]])[:, :-1]
     padding = tf.equal(ids, 0)  # position i is padding when its target is padding
 
-    memory, memory_padding, extra = None, None, 0.0
-    if hparams.num_encoder_layers > 0 and "inputs" in features:
-      inputs = tf.cast(features["inputs"], tf.int32)
-      in_ids = tf.reshape(inputs, common_layers.shape_list(inputs)[:2])
-      in_ids = pad_to_length(in_ids, hparams.max_length, "inputs")
-      memory_padding = tf.equal(in_ids, 0)
-      memory, extra = self.stack(self.embed(in_ids, "input_embeddings", "inputs"),
-                                 memory_padding, False, "encoder", hparams.num_encoder_layers)
+    memory, memory_padding, extra = self.encode(features)
     x = self.embed(shifted, "embeddings")
     x, loss = self.stack(x, padding, True, "decoder", hparams.num_decoder_layers, memory,
                          memory_padding)
-    if hparams.hidden_size != hparams.embedding_dims:
-      x = layers.dense(x, hparams.embedding_dims, "final_dense_1", use_bias=True)
-    vocab = self._problem_hparams.vocab_size["targets"]
-    logits = layers.dense(x, vocab, "final_dense_2", use_bias=True)
-    logits = logits[:, :actual_length, tf.newaxis, tf.newaxis, :]
+    logits = self.logits(x)[:, :actual_length, tf.newaxis, tf.newaxis, :]
     return logits, {"extra_loss": loss + extra}
+
+  def infer(self, features=None, decode_length=50, beam_size=1, top_beams=1, alpha=0.0,
+            use_tpu=False):
+    """Cached incremental decoding (`routing_transformer.decoding`) unless fast_decode=False."""
+    if not self.hparams.get("fast_decode", True):
+      return super(RoutingTransformer, self).infer(features, decode_length, beam_size,
+                                                   top_beams, alpha, use_tpu)
+    from routing_transformer import decoding  # pylint: disable=g-import-not-at-top
+    check_hparams(self.hparams)
+    return decoding.infer(self, features, decode_length, beam_size=beam_size,
+                          top_beams=top_beams, alpha=alpha)
 
   def model_fn_sharded(self, sharded_features):
     self._kmeans_steps = collections.OrderedDict()

@@ -46,3 +46,112 @@ def guard_create_hparams():
 
   create_hparams._routing_guard = True  # pylint: disable=protected-access
   trainer_lib.create_hparams = create_hparams
+
+
+def add_sampling_decode_hparams():
+  """Lets `--decode_hparams` set sampling_method, sampling_temp, sampling_keep_top_k and
+  nucleus_sampling (unset values fall back to the model hparams of the same names)."""
+  from tensor2tensor.utils import decoding  # pylint: disable=g-import-not-at-top
+  from routing_transformer import decoding as ours  # pylint: disable=g-import-not-at-top
+  original = decoding.decode_hparams
+  if getattr(original, "_routing_guard", False):
+    return
+
+  def decode_hparams(overrides=""):
+    hp = original("")
+    for name, unset in ours.UNSET.items():
+      if name not in hp.values():
+        hp.add_hparam(name, unset)
+    try:
+      hp.parse(overrides)
+    except ValueError as e:
+      sys.exit("error: --decode_hparams=%r: %s" % (overrides, e))
+    return hp
+
+  decode_hparams._routing_guard = True  # pylint: disable=protected-access
+  decoding.decode_hparams = decode_hparams
+
+
+def escape(text):
+  """One line of a TSV field: backslash, tab and newline escaped."""
+  return text.replace("\\", "\\\\").replace("\t", "\\t").replace("\n", "\\n")
+
+
+def read_prompts(filename, delimiter="\n"):
+  """The prompts of a --decode_from_file file, as T2T reads them (one per line)."""
+  from tensor2tensor.utils import decoding  # pylint: disable=g-import-not-at-top
+  return decoding._get_language_modeling_inputs(filename, delimiter)  # pylint: disable=protected-access
+
+
+def check_prompts(prompts, filename, vocabulary, max_length):
+  """Exits with a clear message on an empty prompt file or a prompt longer than max_length."""
+  if not prompts:
+    sys.exit("error: --decode_from_file=%s has no prompts; write one prompt per line (an empty "
+             "line asks for an unconditional sample)." % filename)
+  for number, prompt in enumerate(prompts, 1):
+    try:
+      size = len(vocabulary.encode(prompt))
+    except ValueError as e:
+      sys.exit("error: --decode_from_file=%s line %d cannot be encoded: %s" % (filename, number,
+                                                                              e))
+    if size > max_length:
+      sys.exit("error: --decode_from_file=%s line %d: the prompt is %d tokens, longer than the "
+               "model's max_target_length=%d; shorten it." % (filename, number, size, max_length))
+
+
+def guard_decode_from_file():
+  """Wraps decoding.decode_from_file for our language models (no inputs):
+
+  checks the prompts first (empty file, too long), then writes the decodes file as one line per
+  prompt: `<prompt>\\t<continuation>` (tabs/newlines inside escaped as \\t, \\n), so prompt and
+  continuation stay clearly apart. Other models keep T2T's behaviour.
+  """
+  from tensor2tensor.utils import decoding  # pylint: disable=g-import-not-at-top
+  original = decoding.decode_from_file
+  if getattr(original, "_routing_guard", False):
+    return
+  original_log = decoding.log_decode_results
+
+  def decode_from_file(estimator, filename, hparams, decode_hp, decode_to_file=None,
+                       checkpoint_path=None):
+    p_hp = hparams.problem_hparams
+    language_model = "inputs" not in p_hp.vocabulary
+    if _model_flag() not in OUR_MODELS or not language_model:
+      return original(estimator, filename, hparams, decode_hp, decode_to_file, checkpoint_path)
+    prompts = read_prompts(filename, decode_hp.delimiter)
+    check_prompts(prompts, filename, p_hp.vocabulary["targets"],
+                  hparams.max_target_length or hparams.max_length)
+    continuations = []
+
+    def log_decode_results(*args, **kwargs):
+      result = original_log(*args, **kwargs)
+      continuations.append(result[1])
+      return result
+
+    decoding.log_decode_results = log_decode_results
+    try:
+      original(estimator, filename, hparams, decode_hp, decode_to_file, checkpoint_path)
+    finally:
+      decoding.log_decode_results = original_log
+    if decode_to_file:
+      path = decoding._add_shard_to_filename(decode_to_file, decode_hp)  # pylint: disable=protected-access
+    else:
+      path = decoding._decode_filename(  # pylint: disable=protected-access
+          decoding._add_shard_to_filename(filename, decode_hp), flags.FLAGS.problem, decode_hp)
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    with tf.io.gfile.GFile(filename) as f:
+      raw = f.read().split(decode_hp.delimiter)
+    raw = (raw[:-1] if raw and not raw[-1] else raw) * decode_hp.num_decodes
+    if decode_hp.return_beams:  # one continuation per beam, tab-separated
+      size = decode_hp.beam_size
+      continuations = ["\t".join(escape(c) for c in continuations[i:i + size])
+                       for i in range(0, len(continuations), size)]
+    else:
+      continuations = [escape(c) for c in continuations]
+    with tf.io.gfile.GFile(path, "w") as f:
+      for prompt, text in zip(raw, continuations):
+        f.write("%s\t%s\n" % (escape(prompt), text))
+    print("Wrote %d prompt<TAB>continuation lines to %s" % (len(continuations), path))
+
+  decode_from_file._routing_guard = True  # pylint: disable=protected-access
+  decoding.decode_from_file = decode_from_file

@@ -21,3 +21,5 @@ from routing_transformer import model  # registers routing_transformer / sparse_
 from routing_transformer import t2t_glue
 
 t2t_glue.guard_create_hparams()
+t2t_glue.add_sampling_decode_hparams()
+t2t_glue.guard_decode_from_file()

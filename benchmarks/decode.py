@@ -1,0 +1,120 @@
+"""Decoding tokens/s: cached incremental decoding vs full recompute, at prefixes 1k, 4k and 8k.
+
+    python benchmarks/decode.py [--prefixes 1024,4096,8192] [--generate 32]
+
+Small model ("decode-small"): hidden 256, filter 1024, 2 layers, vocab 256, 2 local + 2 routing
+heads per layer, block = flange = 256, window 512 with prefix / 512 clusters, batch 1.
+
+- cached: `decoding.sample_loop` with a cache of length prefix + generate; the prompt
+  (prefix - 1 tokens) and `generate` new tokens all go through the cached step (static caches
+  make every step cost the same), so tokens/s = steps / loop time.
+- recompute: what a decoder without a cache pays per new token: one full forward pass over the
+  prefix (a model built at exactly that length), tokens/s = 1 / forward time.
+
+Prints one JSON line per point and the cached / recompute speed-up per prefix; writes
+benchmarks/results/decode.json.
+"""
+import argparse
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import common  # pylint: disable=g-import-not-at-top,wrong-import-position
+
+VOCAB = 256
+
+
+def small_hparams(length):
+  from hparams import base  # pylint: disable=g-import-not-at-top
+  h = base.sparse_transformer_local()
+  h.max_length = h.max_target_length = h.batch_size = length
+  h.hidden_size = h.embedding_dims = 256
+  h.filter_size = 1024
+  h.num_decoder_layers = h.num_hidden_layers = 2
+  h.query_shape = h.memory_flange = h.memory_query_shape = (256,)
+  h.max_relative_position = 257
+  h.local_num_heads, h.sparsity_cluster_num_heads, h.sparsity_skip_first = 2, 2, 0
+  h.sparsity_cluster_attention_window = min(512, length)
+  h.sparsity_cluster_size = max(1, -(-length // 512))
+  return h
+
+
+def build(length, mode, prompt_length=0, generate=0):
+  """A session runner: mode "cached" (the decode loop) or "recompute" (one forward pass)."""
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from routing_transformer import decoding  # pylint: disable=g-import-not-at-top
+  from routing_transformer import model as model_lib  # pylint: disable=g-import-not-at-top
+  from tensor2tensor.data_generators import problem_hparams  # pylint: disable=g-import-not-at-top
+  tf1 = tf.compat.v1
+  hparams = small_hparams(length)
+  graph = tf.Graph()
+  rng = np.random.default_rng(0)
+  with graph.as_default():
+    p_hparams = problem_hparams.test_problem_hparams(VOCAB, VOCAB, hparams)
+    model = model_lib.RoutingTransformer(hparams, tf.estimator.ModeKeys.PREDICT, p_hparams)
+    if mode == "cached":
+      prompt = tf.constant(rng.integers(2, VOCAB, (1, prompt_length)), tf.int32)
+      fetch = decoding.sample_loop(model, {"inputs": prompt}, generate)["outputs"]
+    else:
+      targets = tf.constant(rng.integers(2, VOCAB, (1, length, 1, 1)), tf.int32)
+      with tf1.variable_scope(tf1.get_variable_scope(), reuse=tf1.AUTO_REUSE):
+        logits, _ = model({"targets": targets})
+      fetch = logits[:, -1]  # the next-token distribution
+    sess = tf1.Session(graph=graph)
+    sess.run(tf1.global_variables_initializer())
+  return lambda: sess.run(fetch)
+
+
+def main(argv=None):
+  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  parser.add_argument("--prefixes", default="1024,4096,8192")
+  parser.add_argument("--generate", type=int, default=32)
+  parser.add_argument("--repeats", type=int, default=3)
+  parser.add_argument("--out", default=os.path.join(common.ROOT, "benchmarks", "results"))
+  args = parser.parse_args(argv)
+  sys.path.insert(0, common.ROOT)
+  import routing_transformer  # pylint: disable=g-import-not-at-top,unused-import
+  info = common.machine()
+  info.update(benchmark="decode", config="decode-small", generate=args.generate)
+  common.emit(dict(info, record="machine"))
+  points, ratios = [], []
+  for prefix in [int(p) for p in args.prefixes.split(",")]:
+    block = 256
+    length = -(-(prefix + args.generate) // block) * block  # cache: prefix + new tokens
+    steps = prefix - 1 + args.generate
+    run = build(length, "cached", prompt_length=prefix - 1, generate=args.generate)
+    seconds, peak = common.time_fn(run, repeats=args.repeats, warmup=1, max_seconds=300)
+    cached = {"record": "point", "mode": "cached", "prefix": prefix, "cache_length": length,
+              "steps": steps, "seconds": seconds, "ms_per_token": 1e3 * seconds / steps,
+              "tokens_per_sec": steps / seconds, "peak_mb": peak / 2 ** 20}
+    common.emit(cached)
+    run = build(prefix, "recompute")
+    seconds, peak = common.time_fn(run, repeats=args.repeats, warmup=1, max_seconds=300)
+    full = {"record": "point", "mode": "recompute", "prefix": prefix, "seconds": seconds,
+            "ms_per_token": 1e3 * seconds, "tokens_per_sec": 1.0 / seconds,
+            "peak_mb": peak / 2 ** 20}
+    common.emit(full)
+    ratio = {"record": "ratio", "prefix": prefix,
+             "cached_over_recompute_tokens_per_sec": cached["tokens_per_sec"] /
+                                                     full["tokens_per_sec"]}
+    common.emit(ratio)
+    points += [cached, full]
+    ratios.append(ratio)
+  print("\n| prefix | cached tok/s | cached ms/token | recompute tok/s | speed-up |\n"
+        "|---|---|---|---|---|")
+  for ratio in ratios:
+    c = [p for p in points if p["prefix"] == ratio["prefix"] and p["mode"] == "cached"][0]
+    f = [p for p in points if p["prefix"] == ratio["prefix"] and p["mode"] == "recompute"][0]
+    print("| %d | %.1f | %.2f | %.2f | %.1fx |" % (
+        ratio["prefix"], c["tokens_per_sec"], c["ms_per_token"], f["tokens_per_sec"],
+        ratio["cached_over_recompute_tokens_per_sec"]))
+  os.makedirs(args.out, exist_ok=True)
+  with open(os.path.join(args.out, "decode.json"), "w") as f:
+    json.dump({"machine": info, "points": points, "ratios": ratios}, f, indent=1)
+
+
+if __name__ == "__main__":
+  common.ensure_bench_env()
+  main()

@@ -1,0 +1,259 @@
+"""Cached incremental decoding: one-position attention, cached == full forward, prompts, EOS,
+sampling settings and beam search (the model built directly; t2t-decoder runs live in
+test_t2t_binaries.py)."""
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import routing_transformer  # pylint: disable=unused-import
+from routing_transformer import decoding
+from routing_transformer import layers
+from routing_transformer import model as model_lib
+from routing_transformer.attention import common
+from routing_transformer.attention import incremental
+from routing_transformer.attention import local
+from routing_transformer.attention import routing
+from tensor2tensor.data_generators import problem_hparams
+from test_model import VOCAB, small_hparams
+
+tf1 = tf.compat.v1
+EVAL = tf.estimator.ModeKeys.EVAL
+
+
+def qkv(rng, b=2, h=2, n=32, d=8):
+  return [tf.constant(rng.standard_normal((b, h, n, d)), tf.float32) for _ in range(3)]
+
+
+def tables(rng, d=8, radius=4):
+  return [tf.constant(rng.standard_normal((2 * radius + 1, d)), tf.float32) for _ in range(2)]
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_local_step_equals_local_attention_at_every_position(rng, causal):
+  q, k, v = qkv(rng)
+  rel_k, rel_v = tables(rng)
+  padding = None if causal else tf.constant(np.arange(32)[None, :] >= [[32], [27]])
+  full = local.local_attention(q, k, v, 8, 16, causal=causal, relative_keys=rel_k,
+                               relative_values=rel_v, padding=padding)
+  steps = [incremental.local_attention_step(q[:, :, t:t + 1], k, v, tf.constant(t), 8, 16,
+                                            causal=causal, relative_keys=rel_k,
+                                            relative_values=rel_v, padding=padding)
+           for t in range(32)]
+  np.testing.assert_allclose(tf.concat(steps, 2).numpy(), full.numpy(), atol=1e-5)
+
+
+@pytest.mark.parametrize("share_qk", [True, False])
+def test_routing_step_equals_the_prefix_rule_at_every_position(rng, share_qk):
+  q, k, v = qkv(rng)
+  rel_k, rel_v = tables(rng)
+  mu = tf.constant(rng.standard_normal((2, 4, 8)), tf.float32)
+  reference = incremental.prefix_routing_attention(q, k, v, mu, 8, share_qk=share_qk,
+                                                   relative_keys=rel_k, relative_values=rel_v)
+  q_hat = common.layer_norm_no_scale(q)
+  k_hat = q_hat if share_qk else common.layer_norm_no_scale(k)
+  scores = routing.centroid_scores(q_hat, mu)
+  # Cache slots after t hold garbage on purpose: the step must ignore them.
+  steps = []
+  for t in range(32):
+    future = tf.range(32)[tf.newaxis, tf.newaxis, :, tf.newaxis] > t
+    noisy_k = tf.where(future, 100.0, k_hat)
+    noisy_scores = tf.where(tf.range(32) > t, 1e3, scores)
+    steps.append(incremental.routing_attention_step(q_hat[:, :, t:t + 1], noisy_k, v,
+                                                    noisy_scores, tf.constant(t), 8, rel_k, rel_v))
+  np.testing.assert_allclose(tf.concat(steps, 2).numpy(), reference.numpy(), atol=1e-5)
+
+
+def test_prefix_rule_at_the_last_position_is_paper_routing(rng):
+  q, k, v = qkv(rng)
+  mu = tf.constant(rng.standard_normal((2, 4, 8)), tf.float32)
+  prefix = incremental.prefix_routing_attention(q, k, v, mu, 8)
+  full, _ = routing.routing_attention(q, k, v, mu, 8)
+  np.testing.assert_allclose(prefix[:, :, -1].numpy(), full[:, :, -1].numpy(), atol=1e-6)
+
+
+@pytest.mark.parametrize("axis", [2, 3])
+def test_write_cache_replaces_exactly_one_slice(rng, axis):
+  cache = rng.standard_normal((2, 3, 5, 6)).astype(np.float32)
+  shape = list(cache.shape)
+  shape[axis] = 1
+  value = rng.standard_normal(shape).astype(np.float32)
+  out = incremental.write_cache(tf.constant(cache), tf.constant(value), tf.constant(2),
+                                axis=axis).numpy()
+  expected = cache.copy()
+  index = [slice(None)] * 4
+  index[axis] = slice(2, 3)
+  expected[tuple(index)] = value
+  np.testing.assert_array_equal(out, expected)
+
+
+def prefix_rule_patch(monkeypatch):
+  """Full forward passes route every query i over its prefix only (the decode-time rule)."""
+  real = layers.attention.routing_attention
+
+  def patched(q, k, v, centroids, window, causal=True, share_qk=True, padding=None,
+              relative_keys=None, relative_values=None, random_routing=False):
+    _, aux = real(q, k, v, centroids, window, causal=causal, share_qk=share_qk, padding=padding,
+                  relative_keys=relative_keys, relative_values=relative_values,
+                  random_routing=random_routing)
+    out = incremental.prefix_routing_attention(q, k, v, centroids, window, share_qk=share_qk,
+                                               relative_keys=relative_keys,
+                                               relative_values=relative_values)
+    return out, aux
+
+  monkeypatch.setattr(layers.attention, "routing_attention", patched)
+
+
+def make_model(hparams, input_vocab=VOCAB):
+  p_hparams = problem_hparams.test_problem_hparams(input_vocab, VOCAB, hparams)
+  return model_lib.RoutingTransformer(hparams, EVAL, p_hparams)
+
+
+def session_run(fetches, setup=None):
+  with tf1.Session() as sess:
+    sess.run(tf1.global_variables_initializer())
+    if setup is not None:
+      setup(sess)
+    return sess.run(fetches)
+
+
+LOCAL = dict(sparsity_cluster_num_heads=0, local_num_heads=4)
+ARCHITECTURES = {
+    "local": LOCAL,
+    "local_prenorm_timing_relu": dict(LOCAL, layer_preprocess_sequence="n",
+                                      layer_postprocess_sequence="da", add_timing_signal=True,
+                                      ffn_layer="dense_relu_dense", embedding_dims=16),
+    "routing": {},
+    "routing_no_share_qk": dict(share_qk=False),
+    "routing_no_relative": dict(max_relative_position=0),
+}
+
+
+@pytest.mark.parametrize("name", sorted(ARCHITECTURES))
+def test_cached_logits_equal_the_full_forward_pass(rng, monkeypatch, name):
+  """Teacher-forced through the cache (the whole sequence as the prompt) at every position.
+
+  Routing models are compared with a full pass under the same decode-time routing rule."""
+  hparams = small_hparams(**ARCHITECTURES[name])
+  tokens = rng.integers(2, VOCAB, (2, 64)).astype(np.int32)
+  with tf.Graph().as_default():
+    tf1.set_random_seed(3)
+    model = make_model(hparams)
+    if hparams.sparsity_cluster_num_heads:
+      prefix_rule_patch(monkeypatch)
+    full, _ = model({"targets": tokens[:, :, None, None]})
+    monkeypatch.undo()
+    cached = decoding.sample_loop(model, {"inputs": tf.constant(tokens)}, 4, return_logits=True)
+    full, cached, forced = session_run([full, cached["logits"], cached["tokens"]])
+  np.testing.assert_array_equal(forced, tokens)
+  np.testing.assert_allclose(cached, full[:, :, 0, 0], atol=2e-5, rtol=1e-5)
+
+
+def test_cached_encoder_decoder_logits_equal_the_full_forward_pass(rng):
+  hparams = small_hparams(num_encoder_layers=1, **LOCAL)
+  targets = rng.integers(2, VOCAB, (2, 64)).astype(np.int32)
+  inputs = rng.integers(2, VOCAB, (2, 64)).astype(np.int32)
+  inputs[1, 50:] = 0  # source padding
+  with tf.Graph().as_default():
+    model = make_model(hparams)
+    full, _ = model({"targets": targets[:, :, None, None], "inputs": inputs[:, :, None, None]})
+    cached = decoding.sample_loop(model, {"inputs": tf.constant(inputs),
+                                          "partial_targets": tf.constant(targets)}, 4,
+                                  return_logits=True)
+    full, cached = session_run([full, cached["logits"]])
+  np.testing.assert_allclose(cached, full[:, :, 0, 0], atol=2e-5, rtol=1e-5)
+
+
+def test_greedy_is_deterministic_follows_the_logits_and_keeps_ragged_prompts(rng):
+  prompt = np.zeros((2, 9), np.int32)
+  prompt[0, :5] = rng.integers(2, VOCAB, 5)
+  prompt[1, :9] = rng.integers(2, VOCAB, 9)
+  with tf.Graph().as_default():
+    model = make_model(small_hparams())
+    first = decoding.sample_loop(model, {"inputs": tf.constant(prompt)}, 12, return_logits=True)
+    second = decoding.sample_loop(model, {"inputs": tf.constant(prompt)}, 12)
+    a, b = session_run([first, second["outputs"]])
+  np.testing.assert_array_equal(a["outputs"], b)
+  assert list(a["prompt_length"]) == [5, 9]
+  for row, length in enumerate([5, 9]):
+    np.testing.assert_array_equal(a["tokens"][row, :length], prompt[row, :length])
+    generated = a["tokens"][row, length:length + 12]
+    np.testing.assert_array_equal(a["outputs"][row], generated)
+    predicted = a["logits"][row, length:length + 12].argmax(-1)
+    stop = np.flatnonzero(generated == decoding.EOS_ID)
+    upto = stop[0] + 1 if stop.size else 12
+    np.testing.assert_array_equal(generated[:upto], predicted[:upto])
+    assert (generated[upto:] == 0).all()
+    assert (a["tokens"][row, length + 12:] == 0).all()  # nothing written after the budget
+
+
+def test_generation_stops_at_eos(rng):
+  prompt = rng.integers(2, VOCAB, (2, 3)).astype(np.int32)
+  with tf.Graph().as_default():
+    model = make_model(small_hparams())
+    out = decoding.sample_loop(model, {"inputs": tf.constant(prompt)}, 10, temperature=1.0,
+                               top_p=0.9)
+    bias = [v for v in tf1.global_variables() if "final_dense_2/bias" in v.name][0]
+    eos_bias = tf1.assign(bias, tf.one_hot(decoding.EOS_ID, VOCAB) * 100.0)
+    outputs = session_run(out["outputs"], setup=lambda sess: sess.run(eos_bias))
+  np.testing.assert_array_equal(outputs[:, 0], [decoding.EOS_ID] * 2)
+  assert (outputs[:, 1:] == 0).all()
+
+
+def test_unconditional_sampling_and_top_k_one_is_greedy(rng):
+  with tf.Graph().as_default():
+    model = make_model(small_hparams())
+    features = {"targets": tf.zeros([3, 1, 1, 1], tf.int32)}  # batch size only
+    greedy = decoding.sample_loop(model, features, 20)["outputs"]
+    top1 = decoding.sample_loop(model, features, 20, temperature=1.0, top_k=1)["outputs"]
+    sampled = decoding.sample_loop(model, features, 20, temperature=1.0, top_p=0.8)["outputs"]
+    greedy, top1, sampled = session_run([greedy, top1, sampled])
+  assert greedy.shape == sampled.shape == (3, 20)
+  np.testing.assert_array_equal(top1, greedy)
+  assert ((sampled >= 0) & (sampled < VOCAB)).all()
+
+
+def test_prompt_longer_than_the_model_fails_clearly(rng):
+  prompt = rng.integers(2, VOCAB, (1, 65)).astype(np.int32)
+  with tf.Graph().as_default():
+    model = make_model(small_hparams())
+    out = decoding.sample_loop(model, {"inputs": tf.constant(prompt)}, 4)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="prompt longer than"):
+      session_run(out["outputs"])
+
+
+def test_beam_search_forces_the_prompt_and_beats_greedy(rng):
+  hparams = small_hparams(**LOCAL)
+  prompt = rng.integers(2, VOCAB, (2, 6)).astype(np.int32)
+  with tf.Graph().as_default():
+    tf1.set_random_seed(5)
+    model = make_model(hparams)
+    beam = decoding.beam_decode(model, {"inputs": tf.constant(prompt)}, 5, beam_size=4)
+    greedy = decoding.sample_loop(model, {"inputs": tf.constant(prompt)}, 5, return_logits=True)
+    beam, greedy = session_run([beam, greedy])
+  assert beam["outputs"].shape == (2, 5)
+  log_probs = greedy["logits"] - np.log(np.exp(greedy["logits"]).sum(-1, keepdims=True))
+  for row in range(2):
+    tokens = greedy["tokens"][row, 6:11]
+    stop = np.flatnonzero(tokens == decoding.EOS_ID)
+    upto = stop[0] + 1 if stop.size else 5
+    greedy_score = sum(log_probs[row, 6 + j, tokens[j]] for j in range(upto))
+    assert beam["scores"][row] >= greedy_score - 1e-3
+
+
+def test_sampling_settings_resolve_t2t_defaults_and_overrides():
+  hparams = small_hparams()
+  assert decoding.sampling_settings(hparams) == (0.0, -1, 0.9)  # argmax: greedy
+  hparams.sampling_method = "random"
+  assert decoding.sampling_settings(hparams) == (1.0, -1, 0.9)
+  from tensor2tensor.utils import hparam  # pylint: disable=g-import-not-at-top
+  decode_hp = hparam.HParams(**decoding.UNSET)
+  decode_hp.nucleus_sampling, decode_hp.sampling_temp, decode_hp.sampling_keep_top_k = 0.8, 0.7, 5
+  assert decoding.sampling_settings(hparams, decode_hp) == (0.7, 5, 0.8)
+  for name, value, message in (("nucleus_sampling", 1.5, "top-p"), ("nucleus_sampling", -0.2,
+                                                                    "top-p"),
+                               ("sampling_keep_top_k", -3, "top-k"),
+                               ("sampling_method", "beam", "sampling_method")):
+    bad = hparam.HParams(**decoding.UNSET)
+    bad.set_hparam(name, value)
+    with pytest.raises(decoding.DecodeError, match=message):
+      decoding.sampling_settings(hparams, bad)
