@@ -155,3 +155,24 @@ def guard_decode_from_file():
 
   decode_from_file._routing_guard = True  # pylint: disable=protected-access
   decoding.decode_from_file = decode_from_file
+
+
+def guard_create_estimator():
+  """Checks the sampling settings (model and decode hparams) before any decoding graph is built."""
+  from tensor2tensor.utils import trainer_lib  # pylint: disable=g-import-not-at-top
+  from routing_transformer import decoding  # pylint: disable=g-import-not-at-top
+  original = trainer_lib.create_estimator
+  if getattr(original, "_routing_guard", False):
+    return
+
+  def create_estimator(model_name, hparams, run_config, *args, **kwargs):
+    decode_hp = kwargs.get("decode_hparams", args[1] if len(args) > 1 else None)
+    if model_name in OUR_MODELS and decode_hp is not None:
+      try:
+        decoding.sampling_settings(hparams, decode_hp)
+      except decoding.DecodeError as e:
+        sys.exit("error: sampling settings (--hparams/--decode_hparams): %s" % e)
+    return original(model_name, hparams, run_config, *args, **kwargs)
+
+  create_estimator._routing_guard = True  # pylint: disable=protected-access
+  trainer_lib.create_estimator = create_estimator

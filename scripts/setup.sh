@@ -22,5 +22,10 @@ PIP=("$VENV/bin/python" -m pip --disable-pip-version-check --no-input)
 "${PIP[@]}" install -q -r requirements.txt -c constraints.txt
 # tensor2tensor's own metadata pins a tensorflow-probability that cannot import on TF 2.15.
 "${PIP[@]}" install -q --no-deps tensor2tensor==1.15.7 -c constraints.txt
+# tensor2tensor's console scripts other than t2t-trainer call tf.logging / tf.app (gone in TF2):
+# let them import tensorflow.compat.v1, as its t2t-trainer script already does.
+for script in "$VENV"/bin/t2t-*; do
+  sed -i 's/^import tensorflow as tf$/import tensorflow.compat.v1 as tf/' "$script"
+done
 "$VENV/bin/python" -c "import routing_transformer, tensorflow as tf, tensor2tensor, gym, mesh_tensorflow; print('setup: tensorflow', tf.__version__, 'ready')"
 echo "$want" > "$stamp"

@@ -23,3 +23,4 @@ from routing_transformer import t2t_glue
 t2t_glue.guard_create_hparams()
 t2t_glue.add_sampling_decode_hparams()
 t2t_glue.guard_decode_from_file()
+t2t_glue.guard_create_estimator()
