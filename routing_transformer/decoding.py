@@ -74,7 +74,8 @@ def prompt_of(model, features):
 
 def batch_size_of(features, prompt):
   """The decoding batch size (dynamic int32 scalar)."""
-  for tensor in (prompt, features.get("inputs"), features.get("targets")):
+  for tensor in (prompt, features.get("inputs"), features.get("targets"),
+                 features.get("infer_targets")):
     if tensor is not None:
       return tf.shape(tensor)[0]
   return 1
@@ -290,6 +291,10 @@ def beam_decode(model, features, decode_length, beam_size, top_beams=1, alpha=0.
 def infer(model, features, decode_length, beam_size=1, top_beams=1, alpha=0.0):
   """T2TModel.infer for routing_transformer: sampling/greedy (beam_size 1) or beam search."""
   decode_hparams = getattr(model, "_decode_hparams", None)
+  if "inputs" not in features and "targets" not in features:
+    # Unconditional samples from t2t-decoder's dataset path (it keeps only "infer_targets");
+    # T2T's predict spec shows features["targets"] as the input: give it an empty prefix.
+    features["targets"] = tf.zeros([batch_size_of(features, None), 0, 1, 1], tf.int32)
   if beam_size > 1:
     return beam_decode(model, features, decode_length, beam_size, top_beams, alpha)
   temperature, top_k, top_p = sampling_settings(model.hparams, decode_hparams)

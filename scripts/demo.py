@@ -3,7 +3,10 @@
 1. t2t-datagen: the synthetic long-range recall problem (`synthetic_long_range`, no download);
 2. t2t-trainer: a tiny routing model and a tiny local-only model, same steps, then evaluation;
 3. predictions for a few eval sequences: the values each model recalls at the far positions;
-4. a comparison table (loss, far/near accuracy, training speed) in demo_output/summary.{md,json}.
+4. t2t-decoder (cached decoding, greedy): each model continues the first 480 tokens of a few eval
+   sequences (pairs + filler) and an empty prompt; generated `k v` pairs are scored against the
+   pairs in the prompt (free-generation recall);
+5. a comparison table (loss, far/near accuracy, training speed) in demo_output/summary.{md,json}.
 
     .venv/bin/python scripts/demo.py [--steps 2500] [--output demo_output]
 """
@@ -95,6 +98,39 @@ def far_predictions(run_dir, hparams_set, data_dir, num=3):
   return rows
 
 
+def decode_samples(run_dir, hparams_set, data_dir, output, num=3, extra_length=32):
+  """t2t-decoder on prompts cut before the query section; returns (rows, recalled, pairs)."""
+  sys.path.insert(0, ROOT)
+  from problems import synthetic  # pylint: disable=g-import-not-at-top
+  sequences = synthetic.generate_samples(synthetic.EVAL_SEED, num)
+  prompts = [" ".join(synthetic.token_name(i) for i in seq[:synthetic.QUERY_START])
+             for seq in sequences] + [""]
+  prompts_file = os.path.join(output, "prompts.txt")
+  with open(prompts_file, "w") as f:
+    f.write("\n".join(prompts) + "\n")
+  decodes = run_dir + ".decodes.tsv"
+  t2t("t2t-decoder", ["--problem=" + PROBLEM, "--model=routing_transformer",
+                      "--hparams_set=" + hparams_set, "--data_dir=" + data_dir,
+                      "--output_dir=" + run_dir, "--decode_from_file=" + prompts_file,
+                      "--decode_to_file=" + decodes,
+                      "--decode_hparams=beam_size=1,batch_size=%d,extra_length=%d" % (
+                          num + 1, extra_length)], run_dir + ".decode.log")
+  rows, recalled, pairs = [], 0, 0
+  with open(decodes) as f:
+    lines = f.read().splitlines()
+  for seq, line in zip(list(sequences) + [None], lines):
+    words = line.split("\t")[1].split()
+    rows.append(" ".join(words))
+    if seq is None:
+      continue
+    truth = {seq[i + 1]: seq[i] for i in range(0, 2 * synthetic.NUM_PAIRS, 2)}  # key -> value
+    for a, b in zip(words, words[1:]):
+      if a.startswith("k") and b.startswith("v") and synthetic.token_id(a) in truth:
+        pairs += 1
+        recalled += int(truth[synthetic.token_id(a)] == synthetic.token_id(b))
+  return rows, recalled, pairs
+
+
 def main():
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   parser.add_argument("--steps", type=int, default=2500, help="training steps per model")
@@ -129,30 +165,43 @@ def main():
     metrics.update(train_seconds=time.time() - t0, steps_per_sec=train_speed(run_dir),
                    hparams_set=hparams_set)
     metrics["samples"] = far_predictions(run_dir, hparams_set, data_dir)
+    log("t2t-decoder --hparams_set=%s: continuing %d eval prompts and 1 empty prompt" % (
+        hparams_set, 3))
+    rows, recalled, pairs = decode_samples(run_dir, hparams_set, data_dir, args.output)
+    metrics.update(generated=rows, generated_recalled=recalled, generated_pairs=pairs)
     results[name] = metrics
     log("%s: eval loss %.4f, far accuracy %.3f, near accuracy %.3f" % (
         name, metrics.get("loss", float("nan")), metrics.get("far_accuracy", float("nan")),
         metrics.get("near_accuracy", float("nan"))))
 
   table = ["| model | hparams set | steps | eval loss | far accuracy | near accuracy | "
-           "steps/s | wall s |", "|---|---|---|---|---|---|---|---|"]
+           "generated k v pairs recalled | steps/s | wall s |",
+           "|---|---|---|---|---|---|---|---|---|"]
   for name, m in results.items():
-    table.append("| %s | %s | %d | %.4f | %.3f | %.3f | %.1f | %.0f |" % (
+    table.append("| %s | %s | %d | %.4f | %.3f | %.3f | %d / %d | %.1f | %.0f |" % (
         name, m["hparams_set"], m["step"], m.get("loss", float("nan")),
         m.get("far_accuracy", float("nan")), m.get("near_accuracy", float("nan")),
-        m["steps_per_sec"], m["train_seconds"]))
+        m["generated_recalled"], m["generated_pairs"], m["steps_per_sec"],
+        m["train_seconds"]))
   chance = 1.0 / 32
   summary = "\n".join(table) + (
       "\n\nFar positions: the 16 values of the final section, whose key-value pair is 448+ "
       "positions back (beyond local reach of 128); chance is %.3f.\n" % chance)
   samples = "\n".join("%s sample %d: %s" % (name, i, row) for name, m in results.items()
                       for i, row in enumerate(m["samples"]))
+  generated = "\n".join("%s %s: %s" % (name, "prompt %d" % i if i < len(m["generated"]) - 1
+                                        else "no prompt", row)
+                        for name, m in results.items() for i, row in enumerate(m["generated"]))
   with open(os.path.join(args.output, "summary.md"), "w") as f:
-    f.write(summary + "\nRecalled values (key->predicted):\n" + samples + "\n")
+    f.write(summary + "\nRecalled values (key->predicted):\n" + samples + "\n" +
+            "\nGenerated by t2t-decoder after the pairs + filler (greedy, 32 tokens):\n" +
+            generated + "\n")
   with open(os.path.join(args.output, "summary.json"), "w") as f:
     json.dump(results, f, indent=1)
   print("\n" + summary)
   print("Recalled values at the far positions (key->predicted value):\n" + samples)
+  print("\nGenerated by t2t-decoder after the pairs + filler (greedy, 32 tokens; "
+        "demo_output/*.decodes.tsv):\n" + generated)
   log("done in %.0f s; outputs under %s" % (time.time() - started, args.output))
 
 

@@ -257,3 +257,25 @@ def test_sampling_settings_resolve_t2t_defaults_and_overrides():
     bad.set_hparam(name, value)
     with pytest.raises(decoding.DecodeError, match=message):
       decoding.sampling_settings(hparams, bad)
+
+
+def test_decode_steps_compile_with_xla(rng):
+  """The one-position attention and the cache write compile with XLA (TPU proxy)."""
+  q, k, v = qkv(rng)
+  rel_k, rel_v = tables(rng)
+  mu = tf.constant(rng.standard_normal((2, 4, 8)), tf.float32)
+  q_hat = common.layer_norm_no_scale(q)
+  scores = routing.centroid_scores(q_hat, mu)
+
+  def step(t):
+    k_cache = incremental.write_cache(q_hat, q_hat[:, :, 3:4], t)
+    routed = incremental.routing_attention_step(q_hat[:, :, 5:6], k_cache, v, scores, t, 8,
+                                                rel_k, rel_v)
+    local_out = incremental.local_attention_step(q[:, :, 5:6], k, v, t, 8, 16,
+                                                 relative_keys=rel_k, relative_values=rel_v)
+    return routed, local_out
+
+  compiled = tf.function(step, jit_compile=True)
+  for t in (5, 17):
+    for eager, xla in zip(step(tf.constant(t)), compiled(tf.constant(t))):
+      np.testing.assert_allclose(xla.numpy(), eager.numpy(), atol=1e-5)

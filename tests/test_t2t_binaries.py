@@ -170,3 +170,23 @@ def test_decoder_rejects_bad_input_clearly(trained, data_dir, tmp_path, prompt_t
                timeout=120)
   assert run.returncode != 0
   assert message in run.stderr.strip().splitlines()[-1] and "Traceback" not in run.stderr
+
+
+def test_decoder_samples_unconditionally_without_a_prompt_file(trained, data_dir, tmp_path):
+  """Without --decode_from_file, t2t-decoder draws samples (batch taken from the dev data)."""
+  from problems import synthetic  # pylint: disable=g-import-not-at-top
+  out_file = str(tmp_path / "samples")
+  run = t2t("t2t-decoder", "--problem=synthetic_long_range", "--model=routing_transformer",
+            "--hparams_set=routing_transformer_tiny", "--data_dir=" + data_dir,
+            "--output_dir=" + trained[0], "--decode_to_file=" + out_file,
+            "--decode_hparams=beam_size=1,extra_length=8,num_samples=2,batch_size=2,"
+            "sampling_method=random", timeout=300)
+  assert run.returncode == 0, run.stderr[-4000:]
+  decodes = glob.glob(out_file + "*.decodes")
+  assert decodes, os.listdir(str(tmp_path))
+  with open(decodes[0]) as f:
+    lines = [line for line in f.read().split("\n") if line]
+  assert len(lines) == 2
+  for line in lines:
+    words = line.split()
+    assert 0 < len(words) <= 8 and all(synthetic.token_id(w) >= 0 for w in words)
