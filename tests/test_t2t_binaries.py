@@ -185,8 +185,8 @@ def test_decoder_samples_unconditionally_without_a_prompt_file(trained, data_dir
   decodes = glob.glob(out_file + "*.decodes")
   assert decodes, os.listdir(str(tmp_path))
   with open(decodes[0]) as f:
-    lines = [line for line in f.read().split("\n") if line]
-  assert len(lines) == 2
-  for line in lines:
-    words = line.split()
-    assert 0 < len(words) <= 8 and all(synthetic.token_id(w) >= 0 for w in words)
+    lines = f.read().split("\n")
+  assert len(lines) == 3 and lines[-1] == "", lines
+  words = " ".join(lines).split()
+  assert words and all(len(line.split()) <= 8 for line in lines)
+  assert all(synthetic.token_id(w) >= 0 for w in words)
