@@ -302,6 +302,14 @@ def routing_transformer_tiny():
 
 
 @registry.register_hparams
+def routing_transformer_tiny_causal():
+  """`routing_transformer_tiny` with strictly causal routing (routing_mode="causal_window")."""
+  hparams = routing_transformer_tiny()
+  hparams.routing_mode = "causal_window"
+  return hparams
+
+
+@registry.register_hparams
 def local_transformer_tiny():
   """`routing_transformer_tiny` with local heads only."""
   return _heads(routing_transformer_tiny(), local=4, skip_first=1)
@@ -317,6 +325,14 @@ def routing_transformer_test():
   _blocks(hparams, 16, 16)
   hparams.max_relative_position = 17
   return _dropouts(hparams, 0.0)
+
+
+@registry.register_hparams
+def routing_transformer_test_causal():
+  """`routing_transformer_test` with routing_mode="causal_window"."""
+  hparams = routing_transformer_test()
+  hparams.routing_mode = "causal_window"
+  return hparams
 
 
 @registry.register_hparams

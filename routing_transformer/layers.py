@@ -128,10 +128,16 @@ def self_attention(x, hparams, layer_index, padding, causal=True, train=False):
     q_r, k_r, v_r = q[:, :num_routing], k[:, :num_routing], v[:, :num_routing]
     if hparams.share_qk:
       k_r = q_r
-    out, aux = attention.routing_attention(
-        q_r, k_r, v_r, km.means, hparams.sparsity_cluster_attention_window, causal=causal,
-        share_qk=hparams.share_qk, padding=padding, relative_keys=rel_k, relative_values=rel_v,
-        random_routing=hparams.random_routing)
+    if causal and hparams.routing_mode == "causal_window":
+      out, aux = attention.causal_window_attention(
+          q_r, k_r, v_r, km.means, hparams.sparsity_cluster_attention_window,
+          share_qk=hparams.share_qk, padding=padding, relative_keys=rel_k,
+          relative_values=rel_v)
+    else:  # "topk" (paper routing); encoders always use it
+      out, aux = attention.routing_attention(
+          q_r, k_r, v_r, km.means, hparams.sparsity_cluster_attention_window, causal=causal,
+          share_qk=hparams.share_qk, padding=padding, relative_keys=rel_k,
+          relative_values=rel_v, random_routing=hparams.random_routing)
     x_hats = [aux["q_hat"]] + ([] if hparams.share_qk else [aux["k_hat"]])
     clusters = [aux["query_clusters"]] + ([] if hparams.share_qk else [aux["key_clusters"]])
     loss = km.loss(aux["commitment_loss"], x_hats, clusters, aux["weights"])
@@ -147,19 +153,33 @@ def self_attention(x, hparams, layer_index, padding, causal=True, train=False):
   return attention_output(out, hparams, train), loss, step
 
 
+def local_ring_size(hparams, length):
+  """Slots of the local heads' ring cache: the block and its flange (at most the length)."""
+  return min(length, hparams.memory_flange[0] + hparams.query_shape[0])
+
+
 def self_attention_cache(hparams, layer_index, batch, length, dtype=tf.float32):
-  """Zero caches of one decoder layer for `self_attention_step` (static length N).
+  """Zero caches of one decoder layer for `self_attention_step` (static shapes).
 
   Returns:
-    dict: "local_k", "local_v" [b, local heads, N, d]; "routing_k" (normalised keys),
-    "routing_v" [b, routing heads, N, d] and "routing_scores" [b, routing heads, c, N].
+    dict: local heads: "local_k", "local_v" [b, local heads, R, d] ring buffers of the last
+    R = flange + block positions and "local_pos" int32 [b, R] (-1 = empty; rows equal); routing heads, "topk":
+    "routing_k" (normalised keys), "routing_v" [b, routing heads, N, d] and "routing_scores"
+    [b, routing heads, c, N]; "causal_window": "routing_window", the per-cluster caches of
+    `attention.incremental.causal_window_cache`.
   """
   num_routing, num_local, depth = head_counts(hparams, layer_index)
   cache = {}
   if num_local:
-    cache["local_k"] = tf.zeros([batch, num_local, length, depth], dtype)
-    cache["local_v"] = tf.zeros([batch, num_local, length, depth], dtype)
-  if num_routing:
+    ring = local_ring_size(hparams, length)
+    cache["local_k"] = tf.zeros([batch, num_local, ring, depth], dtype)
+    cache["local_v"] = tf.zeros([batch, num_local, ring, depth], dtype)
+    cache["local_pos"] = -tf.ones([batch, ring], tf.int32)  # rows equal; batch-major for beams
+  if num_routing and hparams.routing_mode == "causal_window":
+    cache["routing_window"] = incremental.causal_window_cache(
+        batch, num_routing, hparams.sparsity_cluster_size,
+        hparams.sparsity_cluster_attention_window, depth, dtype)
+  elif num_routing:
     cache["routing_k"] = tf.zeros([batch, num_routing, length, depth], dtype)
     cache["routing_v"] = tf.zeros([batch, num_routing, length, depth], dtype)
     cache["routing_scores"] = tf.zeros(
@@ -170,8 +190,9 @@ def self_attention_cache(hparams, layer_index, batch, length, dtype=tf.float32):
 def self_attention_step(x, hparams, layer_index, cache, position):
   """Causal self-attention of the new position only, reading and updating the layer's caches.
 
-  Local heads attend to their cached window; routing heads route over the cached prefix with the
-  decode-time rule (`attention.incremental`).
+  Local heads attend to their ring of recent keys; routing heads route over the cached prefix
+  with the decode-time rule ("topk") or over their cluster's last `window` members
+  ("causal_window", exact and independent of the prefix length).
 
   Args:
     x: [b, 1, hidden] input of the new position.
@@ -191,22 +212,33 @@ def self_attention_step(x, hparams, layer_index, cache, position):
     q_hat = attention.layer_norm_no_scale(q[:, :num_routing])
     k_hat = q_hat if hparams.share_qk else attention.layer_norm_no_scale(k[:, :num_routing])
     mu = tf.cast(km.means, q_hat.dtype)
-    scores = incremental.routing.centroid_scores(q_hat, mu)  # [b, h, c, 1]
-    cache["routing_k"] = incremental.write_cache(cache["routing_k"], k_hat, position)
-    cache["routing_v"] = incremental.write_cache(cache["routing_v"], v[:, :num_routing], position)
-    cache["routing_scores"] = incremental.write_cache(cache["routing_scores"], scores, position,
-                                                      axis=3)
-    outputs.append(incremental.routing_attention_step(
-        q_hat, cache["routing_k"], cache["routing_v"], cache["routing_scores"], position,
-        hparams.sparsity_cluster_attention_window, relative_keys=rel_k, relative_values=rel_v))
+    if hparams.routing_mode == "causal_window":
+      out, cache["routing_window"] = incremental.causal_window_step(
+          q_hat, k_hat, v[:, :num_routing], mu, cache["routing_window"], rel_k, rel_v)
+      outputs.append(out)
+    else:
+      scores = incremental.routing.centroid_scores(q_hat, mu)  # [b, h, c, 1]
+      cache["routing_k"] = incremental.write_cache(cache["routing_k"], k_hat, position)
+      cache["routing_v"] = incremental.write_cache(cache["routing_v"], v[:, :num_routing],
+                                                   position)
+      cache["routing_scores"] = incremental.write_cache(cache["routing_scores"], scores,
+                                                        position, axis=3)
+      outputs.append(incremental.routing_attention_step(
+          q_hat, cache["routing_k"], cache["routing_v"], cache["routing_scores"], position,
+          hparams.sparsity_cluster_attention_window, relative_keys=rel_k,
+          relative_values=rel_v))
   if num_local:
     rel_k, rel_v = local_variables(hparams, layer_index)
-    cache["local_k"] = incremental.write_cache(cache["local_k"], k[:, num_routing:], position)
-    cache["local_v"] = incremental.write_cache(cache["local_v"], v[:, num_routing:], position)
-    outputs.append(incremental.local_attention_step(
-        q[:, num_routing:], cache["local_k"], cache["local_v"], position, hparams.query_shape[0],
-        hparams.memory_flange[0], causal=True, relative_keys=rel_k, relative_values=rel_v,
-        scale=1.0))
+    slot = position % cache["local_pos"].shape[1]
+    cache["local_k"] = incremental.write_cache(cache["local_k"], k[:, num_routing:], slot)
+    cache["local_v"] = incremental.write_cache(cache["local_v"], v[:, num_routing:], slot)
+    cache["local_pos"] = incremental.write_cache(
+        cache["local_pos"][:, tf.newaxis, :], tf.fill([tf.shape(x)[0], 1, 1], position), slot,
+        axis=2)[:, 0, :]
+    outputs.append(incremental.local_ring_step(
+        q[:, num_routing:], cache["local_k"], cache["local_v"], cache["local_pos"][0], position,
+        hparams.query_shape[0], hparams.memory_flange[0], relative_keys=rel_k,
+        relative_values=rel_v, scale=1.0))
   out = tf.concat(outputs, axis=1) if len(outputs) > 1 else outputs[0]
   return attention_output(out, hparams), cache
 

@@ -63,12 +63,14 @@ def check_hparams(hparams, length=None):
     elif window > length:
       problems.append("sparsity_cluster_attention_window=%d exceeds the length %d; lower it"
                       % (window, length))
-    elif clusters * window < length:
+    elif clusters * window < length and (hparams.routing_mode != "causal_window" or
+                                         hparams.num_encoder_layers > 0):
       problems.append("sparsity_cluster_size * sparsity_cluster_attention_window = %d * %d < "
                       "length %d leaves tokens out of every cluster; use sparsity_cluster_size "
                       ">= %d" % (clusters, window, length, -(-length // window)))
-  if hparams.routing_mode not in ("topk",):
-    problems.append("routing_mode=%r is not supported; use 'topk'" % hparams.routing_mode)
+  if hparams.routing_mode not in ("topk", "causal_window"):
+    problems.append("routing_mode=%r is not supported; use 'topk' (paper routing) or "
+                    "'causal_window' (strictly causal)" % hparams.routing_mode)
   if problems:
     raise HParamsError("Inconsistent hparams for routing_transformer: " + "; ".join(problems))
 

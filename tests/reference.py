@@ -133,3 +133,30 @@ def routing(q, k, v, centroids, window, causal=True, share_qk=True, padding=None
         count[in_q] += 1
       out[b, h] = total / (count[:, None] + COUNT_EPSILON)
   return out, clusters, sq_err / max(count_err, 1)
+
+
+def causal_window(q, k, v, centroids, window, share_qk=True, padding=None, rel_k=None,
+                  rel_v=None):
+  """Strictly causal routing: query i attends to the last `window` positions j <= i of its
+  argmax cluster (itself included); returns (output, clusters)."""
+  bsz, heads, n, _ = q.shape
+  q_hat = layer_norm(q)
+  k_hat = q_hat if share_qk else layer_norm(k)
+  out = np.zeros(q.shape[:3] + (v.shape[-1],))
+  clusters = np.zeros((bsz, heads, n), np.int64)
+  for b in range(bsz):
+    pad = _pad_mask(padding, b, n)
+    for h in range(heads):
+      a = (centroids[h] @ q_hat[b, h].T).argmax(0)
+      clusters[b, h] = a
+      rank = np.zeros(n, np.int64)  # index of each position within its cluster
+      for i in range(n):
+        rank[i] = (a[:i] == a[i]).sum()
+      allowed = np.zeros((n, n), bool)
+      for i in range(n):
+        same = [j for j in range(i + 1) if a[j] == a[i]][-window:]
+        allowed[i, same] = True
+      allowed &= ~pad[None, :]
+      distance = rank[None, :] - rank[:, None]
+      out[b, h] = attend(q_hat[b, h], k_hat[b, h], v[b, h], allowed, distance, rel_k, rel_v)
+  return out, clusters

@@ -159,3 +159,100 @@ def prefix_routing_attention(q, k, v, centroids, window, share_qk=True, relative
   out = tf.reshape(out, [n, batch, heads, n, depth])  # [prefix i, b, h, position, d]
   diagonal = tf.gather(tf.transpose(out, [0, 3, 1, 2, 4]), prefix[:, tf.newaxis], batch_dims=1)
   return tf.transpose(diagonal[:, 0], [1, 2, 0, 3])  # out[i, position i] -> [b, h, n, d]
+
+
+def local_ring_step(q, k_ring, v_ring, ring_positions, position, block_length, flange,
+                    relative_keys=None, relative_values=None, scale=None):
+  """Causal local attention of the query at `position` over a ring buffer of recent keys.
+
+  The ring has R >= flange + block_length slots; slot p % R holds position p (written by the
+  caller before this call), so the ring always holds the block and flange of the query and the
+  per-token cost does not grow with the prefix.
+
+  Args:
+    q: [b, h, 1, d].
+    k_ring, v_ring: [b, h, R, d].
+    ring_positions: int32 [R], the position held by each slot (-1 = empty).
+    position: int32 scalar t.
+    block_length, flange: as in `local_attention` (query_shape, memory_flange).
+    relative_keys, relative_values: optional [2R' + 1, d] Shaw tables.
+    scale: logit scale applied to q; default d ** -0.5.
+  Returns:
+    [b, h, 1, d].
+  """
+  scale = q.shape[-1] ** -0.5 if scale is None else scale
+  start = (position // block_length) * block_length - flange
+  allowed = (ring_positions >= tf.maximum(start, 0)) & (ring_positions <= position)
+  q = q * scale
+  logits = tf.matmul(q, k_ring, transpose_b=True)  # [b, h, 1, R]
+  query = tf.reshape(position, [1])
+  if relative_keys is not None:
+    rel_k = common.relative_embeddings(relative_keys, query, ring_positions)[0]
+    logits += tf.einsum("bhqd,kd->bhqk", q, tf.cast(rel_k, logits.dtype))
+  probs = common.masked_softmax(logits, allowed)
+  out = tf.matmul(probs, v_ring)
+  if relative_values is not None:
+    rel_v = common.relative_embeddings(relative_values, query, ring_positions)[0]
+    out += tf.einsum("bhqk,kd->bhqd", probs, tf.cast(rel_v, probs.dtype))
+  return out
+
+
+def causal_window_cache(batch, heads, num_clusters, window, depth, dtype=tf.float32):
+  """Empty per-(head, cluster) caches of the last `window` keys/values for causal_window_step.
+
+  Returns:
+    dict: "keys", "values" [b, h, c, w, d]; "ordinals" int32 [b, h, c, w] (index of the held
+    position within its cluster, -1 = empty); "counts" int32 [b, h, c] (positions seen).
+  """
+  return {"keys": tf.zeros([batch, heads, num_clusters, window, depth], dtype),
+          "values": tf.zeros([batch, heads, num_clusters, window, depth], dtype),
+          "ordinals": -tf.ones([batch, heads, num_clusters, window], tf.int32),
+          "counts": tf.zeros([batch, heads, num_clusters], tf.int32)}
+
+
+def causal_window_step(q_hat, k_hat, v, centroids, cache, relative_keys=None,
+                       relative_values=None):
+  """Strictly causal routing of one new position (exactly `causal_window_attention`'s output).
+
+  Args:
+    q_hat, k_hat: [b, h, 1, d] normalised query and key of the new position.
+    v: [b, h, 1, d] its value.
+    centroids: [h, c, d].
+    cache: dict from `causal_window_cache` (or a previous step).
+    relative_keys, relative_values: optional [2R + 1, d] tables (distance in cluster order).
+  Returns:
+    (output [b, h, 1, d], updated cache). Cost O(c d + w d), independent of the prefix.
+  """
+  window = cache["keys"].shape[3]
+  cluster = routing.assignments(routing.centroid_scores(q_hat, tf.stop_gradient(centroids)))
+  cluster = cluster[:, :, 0]  # [b, h]
+  ordinal = tf.gather(cache["counts"], cluster, batch_dims=2)  # [b, h]
+  batch, heads = tf.shape(cluster)[0], tf.shape(cluster)[1]
+  grid_b, grid_h = tf.meshgrid(tf.range(batch), tf.range(heads), indexing="ij")
+  slot = tf.stack([grid_b, grid_h, cluster, ordinal % window], axis=-1)  # [b, h, 4]
+  slot = tf.reshape(slot, [-1, 4])
+  cache = {
+      "keys": tf.tensor_scatter_nd_update(cache["keys"], slot,
+                                          tf.reshape(k_hat, [-1, k_hat.shape[-1]])),
+      "values": tf.tensor_scatter_nd_update(cache["values"], slot,
+                                            tf.reshape(v, [-1, v.shape[-1]])),
+      "ordinals": tf.tensor_scatter_nd_update(cache["ordinals"], slot,
+                                              tf.reshape(ordinal, [-1])),
+      "counts": tf.tensor_scatter_nd_update(
+          cache["counts"], slot[:, :3], tf.reshape(ordinal, [-1]) + 1),
+  }
+  keys = tf.gather(cache["keys"], cluster, batch_dims=2)  # [b, h, w, d]
+  values = tf.gather(cache["values"], cluster, batch_dims=2)
+  ordinals = tf.gather(cache["ordinals"], cluster, batch_dims=2)  # [b, h, w]
+  logits = tf.matmul(q_hat, keys, transpose_b=True)  # [b, h, 1, w]
+  distance = (ordinals - ordinal[..., tf.newaxis])[:, :, tf.newaxis, :]  # [b, h, 1, w]
+  if relative_keys is not None:
+    rel_k = _rank_embeddings(relative_keys, distance)  # [b, h, 1, w, d]
+    logits += tf.reduce_sum(q_hat[:, :, :, tf.newaxis, :] * tf.cast(rel_k, q_hat.dtype), -1)
+  allowed = (ordinals >= 0)[:, :, tf.newaxis, :]
+  probs = common.masked_softmax(logits, allowed)
+  out = tf.matmul(probs, values)
+  if relative_values is not None:
+    rel_v = _rank_embeddings(relative_values, distance)
+    out += tf.reduce_sum(probs[..., tf.newaxis] * tf.cast(rel_v, probs.dtype), axis=-2)
+  return out, cache
