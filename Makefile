@@ -2,7 +2,7 @@
 PY := .venv/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: setup test bench-attention bench-train bench-decode demo clean
+.PHONY: setup test bench-attention bench-train bench-decode bench-quality demo clean
 
 setup:
 	@bash scripts/setup.sh
@@ -18,6 +18,9 @@ bench-attention: setup
 
 bench-decode: setup
 	$(PY) benchmarks/decode.py
+
+bench-quality: setup
+	$(PY) benchmarks/long_range_quality.py
 
 bench-train: setup
 	$(PY) benchmarks/train_step.py

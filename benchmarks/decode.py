@@ -1,17 +1,19 @@
-"""Decoding tokens/s: cached incremental decoding vs full recompute, at prefixes 1k, 4k and 8k.
+"""Decoding tokens/s: cached decoding (topk and causal_window routing) vs full recompute.
 
     python benchmarks/decode.py [--prefixes 1024,4096,8192] [--generate 32]
 
 Small model ("decode-small"): hidden 256, filter 1024, 2 layers, vocab 256, 2 local + 2 routing
 heads per layer, block = flange = 256, window 512 with prefix / 512 clusters, batch 1.
 
-- cached: `decoding.sample_loop` with a cache of length prefix + generate; the prompt
+- cached (routing_mode "topk" and "causal_window"): `decoding.sample_loop` with caches for
+  prefix + generate positions; the prompt
   (prefix - 1 tokens) and `generate` new tokens all go through the cached step (static caches
-  make every step cost the same), so tokens/s = steps / loop time.
+  make every step cost the same), so tokens/s = steps / loop time. topk keeps O(N) caches per
+  routing head (scores, keys, values); causal_window keeps the last `window` keys per cluster.
 - recompute: what a decoder without a cache pays per new token: one full forward pass over the
   prefix (a model built at exactly that length), tokens/s = 1 / forward time.
 
-Prints one JSON line per point and the cached / recompute speed-up per prefix; writes
+Prints one JSON line per point and the speed-ups per prefix; writes
 benchmarks/results/decode.json.
 """
 import argparse
@@ -25,7 +27,7 @@ import common  # pylint: disable=g-import-not-at-top,wrong-import-position
 VOCAB = 256
 
 
-def small_hparams(length):
+def small_hparams(length, routing_mode="topk"):
   from hparams import base  # pylint: disable=g-import-not-at-top
   h = base.sparse_transformer_local()
   h.max_length = h.max_target_length = h.batch_size = length
@@ -37,10 +39,11 @@ def small_hparams(length):
   h.local_num_heads, h.sparsity_cluster_num_heads, h.sparsity_skip_first = 2, 2, 0
   h.sparsity_cluster_attention_window = min(512, length)
   h.sparsity_cluster_size = max(1, -(-length // 512))
+  h.routing_mode = routing_mode
   return h
 
 
-def build(length, mode, prompt_length=0, generate=0):
+def build(length, mode, prompt_length=0, generate=0, routing_mode="topk"):
   """A session runner: mode "cached" (the decode loop) or "recompute" (one forward pass)."""
   import numpy as np  # pylint: disable=g-import-not-at-top
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
@@ -48,7 +51,7 @@ def build(length, mode, prompt_length=0, generate=0):
   from routing_transformer import model as model_lib  # pylint: disable=g-import-not-at-top
   from tensor2tensor.data_generators import problem_hparams  # pylint: disable=g-import-not-at-top
   tf1 = tf.compat.v1
-  hparams = small_hparams(length)
+  hparams = small_hparams(length, routing_mode)
   graph = tf.Graph()
   rng = np.random.default_rng(0)
   with graph.as_default():
@@ -84,32 +87,41 @@ def main(argv=None):
     block = 256
     length = -(-(prefix + args.generate) // block) * block  # cache: prefix + new tokens
     steps = prefix - 1 + args.generate
-    run = build(length, "cached", prompt_length=prefix - 1, generate=args.generate)
-    seconds, peak = common.time_fn(run, repeats=args.repeats, warmup=1, max_seconds=300)
-    cached = {"record": "point", "mode": "cached", "prefix": prefix, "cache_length": length,
-              "steps": steps, "seconds": seconds, "ms_per_token": 1e3 * seconds / steps,
-              "tokens_per_sec": steps / seconds, "peak_mb": peak / 2 ** 20}
-    common.emit(cached)
+    point = {}
+    for routing_mode in ("topk", "causal_window"):
+      run = build(length, "cached", prompt_length=prefix - 1, generate=args.generate,
+                  routing_mode=routing_mode)
+      seconds, peak = common.time_fn(run, repeats=args.repeats, warmup=1, max_seconds=300)
+      point[routing_mode] = {
+          "record": "point", "mode": "cached", "routing_mode": routing_mode, "prefix": prefix,
+          "cache_length": length, "steps": steps, "seconds": seconds,
+          "ms_per_token": 1e3 * seconds / steps, "tokens_per_sec": steps / seconds,
+          "peak_mb": peak / 2 ** 20}
+      common.emit(point[routing_mode])
     run = build(prefix, "recompute")
     seconds, peak = common.time_fn(run, repeats=args.repeats, warmup=1, max_seconds=300)
-    full = {"record": "point", "mode": "recompute", "prefix": prefix, "seconds": seconds,
-            "ms_per_token": 1e3 * seconds, "tokens_per_sec": 1.0 / seconds,
-            "peak_mb": peak / 2 ** 20}
-    common.emit(full)
+    point["recompute"] = {"record": "point", "mode": "recompute", "routing_mode": "topk",
+                          "prefix": prefix, "seconds": seconds, "ms_per_token": 1e3 * seconds,
+                          "tokens_per_sec": 1.0 / seconds, "peak_mb": peak / 2 ** 20}
+    common.emit(point["recompute"])
+    speed = {name: p["tokens_per_sec"] for name, p in point.items()}
     ratio = {"record": "ratio", "prefix": prefix,
-             "cached_over_recompute_tokens_per_sec": cached["tokens_per_sec"] /
-                                                     full["tokens_per_sec"]}
+             "topk_cached_over_recompute": speed["topk"] / speed["recompute"],
+             "causal_window_cached_over_recompute": speed["causal_window"] / speed["recompute"],
+             "causal_window_over_topk_cached": speed["causal_window"] / speed["topk"]}
     common.emit(ratio)
-    points += [cached, full]
+    points += list(point.values())
     ratios.append(ratio)
-  print("\n| prefix | cached tok/s | cached ms/token | recompute tok/s | speed-up |\n"
-        "|---|---|---|---|---|")
+  print("\n| prefix | topk cached tok/s | causal_window cached tok/s | recompute tok/s | "
+        "topk / recompute | causal_window / recompute | causal_window / topk |\n"
+        "|---|---|---|---|---|---|---|")
   for ratio in ratios:
-    c = [p for p in points if p["prefix"] == ratio["prefix"] and p["mode"] == "cached"][0]
-    f = [p for p in points if p["prefix"] == ratio["prefix"] and p["mode"] == "recompute"][0]
-    print("| %d | %.1f | %.2f | %.2f | %.1fx |" % (
-        ratio["prefix"], c["tokens_per_sec"], c["ms_per_token"], f["tokens_per_sec"],
-        ratio["cached_over_recompute_tokens_per_sec"]))
+    speed = {(p["mode"], p["routing_mode"]): p["tokens_per_sec"] for p in points
+             if p["prefix"] == ratio["prefix"]}
+    print("| %d | %.1f | %.1f | %.2f | %.1fx | %.1fx | %.1fx |" % (
+        ratio["prefix"], speed[("cached", "topk")], speed[("cached", "causal_window")],
+        speed[("recompute", "topk")], ratio["topk_cached_over_recompute"],
+        ratio["causal_window_cached_over_recompute"], ratio["causal_window_over_topk_cached"]))
   os.makedirs(args.out, exist_ok=True)
   with open(os.path.join(args.out, "decode.json"), "w") as f:
     json.dump({"machine": info, "points": points, "ratios": ratios}, f, indent=1)

@@ -4,9 +4,10 @@
 
 bench-8k: length 8192, batch 1, hidden 512, filter 2048, 4 layers, vocab 256, block 256, flange
 256; routing = 6 local + 2 routing heads in every layer with 16 clusters x window 512; local = 8
-local heads. The full T2T training step (model, loss, Adafactor through T2T's optimizer code) is
-built in one process for both models and timed side by side; prints one JSON line per model and
-the routing / local ratios, and writes benchmarks/results/train_step.json.
+local heads; routing_causal_window = the routing model with routing_mode="causal_window". The
+full T2T training step (model, loss, Adafactor through T2T's optimizer code) is built in one
+process for all three models and timed side by side; prints one JSON line per model and the
+ratios (routing / local, causal_window / routing), and writes benchmarks/results/train_step.json.
 """
 import argparse
 import json
@@ -19,7 +20,10 @@ import common  # pylint: disable=g-import-not-at-top,wrong-import-position
 VOCAB = 256
 
 
-def bench_hparams(routing, length):
+MODELS = ("local", "routing", "routing_causal_window")
+
+
+def bench_hparams(routing, length, routing_mode="topk"):
   from hparams import base  # pylint: disable=g-import-not-at-top
   h = base.sparse_transformer_local()
   h.max_length = h.max_target_length = h.batch_size = length
@@ -31,20 +35,22 @@ def bench_hparams(routing, length):
   if routing:
     h.local_num_heads, h.sparsity_cluster_num_heads, h.sparsity_skip_first = 6, 2, 0
     h.sparsity_cluster_size, h.sparsity_cluster_attention_window = 16, 512
+    h.routing_mode = routing_mode
   else:
     h.local_num_heads, h.sparsity_cluster_num_heads = 8, 0
   return h
 
 
-def build_train_step(routing, length):
-  """(run_step fn, parameter count) for one model in its own graph and session."""
+def build_train_step(name, length):
+  """(run_step fn, parameter count) for one model (see MODELS) in its own graph and session."""
   import numpy as np  # pylint: disable=g-import-not-at-top
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   from routing_transformer import model as model_lib  # pylint: disable=g-import-not-at-top
   from tensor2tensor.data_generators import problem_hparams  # pylint: disable=g-import-not-at-top
   from tensor2tensor.utils import optimize  # pylint: disable=g-import-not-at-top
   tf1 = tf.compat.v1
-  hparams = bench_hparams(routing, length)
+  hparams = bench_hparams(name != "local", length,
+                          "causal_window" if name.endswith("causal_window") else "topk")
   graph = tf.Graph()
   with graph.as_default():
     tf1.train.get_or_create_global_step()
@@ -76,8 +82,7 @@ def main(argv=None):
   info.update(benchmark="train_step", config="bench-8k", length=args.length)
   common.emit(dict(info, record="machine"))
   results = {}
-  steps = {name: build_train_step(name == "routing", args.length)
-           for name in ("local", "routing")}
+  steps = {name: build_train_step(name, args.length) for name in MODELS}
   for name, (run, params) in steps.items():  # timed one after the other, same process
     seconds, peak = common.time_fn(run, repeats=args.steps, warmup=2, max_seconds=600)
     results[name] = {"record": "point", "model": name, "seconds_per_step": seconds,
@@ -88,14 +93,18 @@ def main(argv=None):
            "time_routing_over_local": results["routing"]["seconds_per_step"] /
                                       results["local"]["seconds_per_step"],
            "memory_routing_over_local": results["routing"]["peak_mb"] /
-                                        max(results["local"]["peak_mb"], 1e-9)}
+                                        max(results["local"]["peak_mb"], 1e-9),
+           "time_causal_window_over_routing":
+               results["routing_causal_window"]["seconds_per_step"] /
+               results["routing"]["seconds_per_step"]}
   common.emit(ratio)
   print("\n| model | s/step | tokens/s | peak MB | params |\n|---|---|---|---|---|")
   for name, r in results.items():
     print("| %s | %.3f | %.0f | %.0f | %d |" % (name, r["seconds_per_step"], r["tokens_per_sec"],
                                              r["peak_mb"], r["parameters"]))
-  print("\nrouting / local step time: %.3f, peak memory: %.3f" % (
-      ratio["time_routing_over_local"], ratio["memory_routing_over_local"]))
+  print("\nrouting / local step time: %.3f, peak memory: %.3f; causal_window / routing step "
+        "time: %.3f" % (ratio["time_routing_over_local"], ratio["memory_routing_over_local"],
+                        ratio["time_causal_window_over_routing"]))
   os.makedirs(args.out, exist_ok=True)
   with open(os.path.join(args.out, "train_step.json"), "w") as f:
     json.dump({"machine": info, "results": results, "ratio": ratio}, f, indent=1)
