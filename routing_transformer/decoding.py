@@ -6,6 +6,8 @@ model, right-padded with 0 as `t2t-decoder --decode_from_file` feeds it) is fed 
 steps with its tokens forced, so prompt and continuation see exactly one routing rule (the
 decode-time rule of `attention.incremental`). Outputs are the continuations only.
 """
+import contextlib
+
 import tensorflow as tf
 
 from routing_transformer import layers
@@ -81,28 +83,12 @@ def batch_size_of(features, prompt):
   return 1
 
 
+@contextlib.contextmanager
 def model_scope(model):
   """Opens the model's variable scopes (`<name>/body`) with reuse, as model_fn does."""
-  return _Scopes(model.name)
-
-
-class _Scopes(object):
-  """`with tf1.variable_scope(name, reuse=AUTO_REUSE), tf1.variable_scope("body")`."""
-
-  def __init__(self, name):
-    self.name = name
-    self.scopes = []
-
-  def __enter__(self):
-    self.scopes = [tf1.variable_scope(self.name, reuse=tf1.AUTO_REUSE),
-                   tf1.variable_scope("body")]
-    for scope in self.scopes:
-      scope.__enter__()
-    return self
-
-  def __exit__(self, *args):
-    for scope in reversed(self.scopes):
-      scope.__exit__(*args)
+  with tf1.variable_scope(model.name, reuse=tf1.AUTO_REUSE):
+    with tf1.variable_scope("body"):
+      yield
 
 
 def encoder_memory(model, features):
