@@ -16,6 +16,7 @@ from tensor2tensor.utils import beam_search
 
 tf1 = tf.compat.v1
 
+PAD_ID = 0
 EOS_ID = 1
 # Sentinels of the decode hparams added by t2t_glue: "not set, use the model hparams".
 UNSET = {"sampling_method": "", "sampling_temp": -1.0, "sampling_keep_top_k": -2,
@@ -135,6 +136,12 @@ def decode_step(model, ids, position, caches, memory_kv=None, memory_padding=Non
   return tf.cast(logits, tf.float32), updated
 
 
+def without_padding(logits):
+  """logits [b, vocab] with the padding id masked: generation never emits PAD (id 0)."""
+  is_pad = tf.equal(tf.range(tf.shape(logits)[-1]), PAD_ID)
+  return tf.where(is_pad[tf.newaxis, :], sampling.common.mask_value(logits.dtype), logits)
+
+
 def padded_prompt(prompt, batch, length):
   """(prompt ids [b, N] padded with 0, prompt lengths [b]); fails if a prompt exceeds N."""
   if prompt is None:
@@ -192,7 +199,7 @@ def sample_loop(model, features, decode_length, temperature=0.0, top_k=-1, top_p
 
   def step(t, previous, tokens, caches, finished, logits_buffer):
     logits, caches = decode_step(model, previous, t, caches, memory_kv, memory_padding)
-    drawn = sampling.sample(logits, temperature, top_k, top_p, seed=seed)
+    drawn = sampling.sample(without_padding(logits), temperature, top_k, top_p, seed=seed)
     forced = t < prompt_length
     token = tf.where(forced, prompt_ids[:, t], drawn)
     token = tf.where(finished, tf.zeros_like(token), token)
@@ -258,7 +265,8 @@ def beam_decode(model, features, decode_length, beam_size, top_beams=1, alpha=0.
     forced = i < states["prompt_length"]  # [b * beam]
     prompt_token = states["prompt_ids"][:, tf.minimum(i, length - 1)]
     one_hot = tf.one_hot(prompt_token, vocab, on_value=0.0, off_value=-1e9)
-    logits = tf.where(forced[:, tf.newaxis], one_hot, tf.nn.log_softmax(logits))
+    logits = tf.where(forced[:, tf.newaxis], one_hot,
+                      tf.nn.log_softmax(without_padding(logits)))
     states = dict(states, caches=caches)
     return logits, states
 

@@ -178,7 +178,7 @@ def test_greedy_is_deterministic_follows_the_logits_and_keeps_ragged_prompts(rng
     np.testing.assert_array_equal(a["tokens"][row, :length], prompt[row, :length])
     generated = a["tokens"][row, length:length + 12]
     np.testing.assert_array_equal(a["outputs"][row], generated)
-    predicted = a["logits"][row, length:length + 12].argmax(-1)
+    predicted = a["logits"][row, length:length + 12, 1:].argmax(-1) + 1  # PAD never emitted
     stop = np.flatnonzero(generated == decoding.EOS_ID)
     upto = stop[0] + 1 if stop.size else 12
     np.testing.assert_array_equal(generated[:upto], predicted[:upto])
@@ -199,6 +199,22 @@ def test_generation_stops_at_eos(rng):
   assert (outputs[:, 1:] == 0).all()
 
 
+def test_generation_never_emits_padding(rng):
+  prompt = rng.integers(2, VOCAB, (2, 3)).astype(np.int32)
+  with tf.Graph().as_default():
+    model = make_model(small_hparams())
+    greedy = decoding.sample_loop(model, {"inputs": tf.constant(prompt)}, 10)["outputs"]
+    sampled = decoding.sample_loop(model, {"inputs": tf.constant(prompt)}, 10, temperature=1.0,
+                                   top_p=0.9)["outputs"]
+    bias = [v for v in tf1.global_variables() if "final_dense_2/bias" in v.name][0]
+    pad_bias = tf1.assign(bias, tf.one_hot(0, VOCAB) * 100.0)  # PAD is by far the likeliest
+    greedy, sampled = session_run([greedy, sampled], setup=lambda sess: sess.run(pad_bias))
+  for row in np.concatenate([greedy, sampled]):
+    stop = np.flatnonzero(row == decoding.EOS_ID)
+    upto = stop[0] if stop.size else len(row)
+    assert (row[:upto] > 0).all(), row  # 0 appears only after an EOS
+
+
 def test_unconditional_sampling_and_top_k_one_is_greedy(rng):
   with tf.Graph().as_default():
     model = make_model(small_hparams())
@@ -209,7 +225,7 @@ def test_unconditional_sampling_and_top_k_one_is_greedy(rng):
     greedy, top1, sampled = session_run([greedy, top1, sampled])
   assert greedy.shape == sampled.shape == (3, 20)
   np.testing.assert_array_equal(top1, greedy)
-  assert ((sampled >= 0) & (sampled < VOCAB)).all()
+  assert ((sampled >= 0) & (sampled < VOCAB)).all()  # 0 only after an EOS
 
 
 def test_prompt_longer_than_the_model_fails_clearly(rng):
@@ -231,7 +247,9 @@ def test_beam_search_forces_the_prompt_and_beats_greedy(rng):
     greedy = decoding.sample_loop(model, {"inputs": tf.constant(prompt)}, 5, return_logits=True)
     beam, greedy = session_run([beam, greedy])
   assert beam["outputs"].shape == (2, 5)
-  log_probs = greedy["logits"] - np.log(np.exp(greedy["logits"]).sum(-1, keepdims=True))
+  logits = greedy["logits"].copy()
+  logits[..., 0] = -1e9  # generation never emits PAD
+  log_probs = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
   for row in range(2):
     tokens = greedy["tokens"][row, 6:11]
     stop = np.flatnonzero(tokens == decoding.EOS_ID)
