@@ -64,6 +64,25 @@ def machine():
           "threads": tf.config.threading.get_intra_op_parallelism_threads()}
 
 
+def start(benchmark, **config):
+  """Puts the repo on sys.path, imports routing_transformer (TF2 fixes), emits and returns the
+  machine record of a benchmark run."""
+  if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+  import routing_transformer  # pylint: disable=g-import-not-at-top,unused-import
+  info = machine()
+  info.update(benchmark=benchmark, **config)
+  emit(dict(info, record="machine"))
+  return info
+
+
+def save(out_dir, filename, payload):
+  """Writes payload as indented JSON to out_dir/filename (creating out_dir)."""
+  os.makedirs(out_dir, exist_ok=True)
+  with open(os.path.join(out_dir, filename), "w") as f:
+    json.dump(payload, f, indent=1)
+
+
 def emit(record, stream=sys.stdout):
   stream.write(json.dumps(record, sort_keys=True) + "\n")
   stream.flush()

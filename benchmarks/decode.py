@@ -17,7 +17,6 @@ Prints one JSON line per point and the speed-ups per prefix; writes
 benchmarks/results/decode.json.
 """
 import argparse
-import json
 import os
 import sys
 
@@ -77,11 +76,7 @@ def main(argv=None):
   parser.add_argument("--repeats", type=int, default=3)
   parser.add_argument("--out", default=os.path.join(common.ROOT, "benchmarks", "results"))
   args = parser.parse_args(argv)
-  sys.path.insert(0, common.ROOT)
-  import routing_transformer  # pylint: disable=g-import-not-at-top,unused-import
-  info = common.machine()
-  info.update(benchmark="decode", config="decode-small", generate=args.generate)
-  common.emit(dict(info, record="machine"))
+  info = common.start("decode", config="decode-small", generate=args.generate)
   points, ratios = [], []
   for prefix in [int(p) for p in args.prefixes.split(",")]:
     block = 256
@@ -122,9 +117,7 @@ def main(argv=None):
         ratio["prefix"], speed[("cached", "topk")], speed[("cached", "causal_window")],
         speed[("recompute", "topk")], ratio["topk_cached_over_recompute"],
         ratio["causal_window_cached_over_recompute"], ratio["causal_window_over_topk_cached"]))
-  os.makedirs(args.out, exist_ok=True)
-  with open(os.path.join(args.out, "decode.json"), "w") as f:
-    json.dump({"machine": info, "points": points, "ratios": ratios}, f, indent=1)
+  common.save(args.out, "decode.json", {"machine": info, "points": points, "ratios": ratios})
 
 
 if __name__ == "__main__":

@@ -11,7 +11,6 @@ markdown table, and <output>/quality.{json,md}.
 """
 import argparse
 import glob
-import json
 import os
 import sys
 import time
@@ -74,8 +73,7 @@ def main(argv=None):
   print("\n" + table)
   with open(os.path.join(args.output, "quality.md"), "w") as f:
     f.write(table)
-  with open(os.path.join(args.output, "quality.json"), "w") as f:
-    json.dump({"machine": common.machine(), "results": results}, f, indent=1)
+  common.save(args.output, "quality.json", {"machine": common.machine(), "results": results})
 
 
 if __name__ == "__main__":

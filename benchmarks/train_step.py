@@ -10,7 +10,6 @@ process for all three models and timed side by side; prints one JSON line per mo
 ratios (routing / local, causal_window / routing), and writes benchmarks/results/train_step.json.
 """
 import argparse
-import json
 import os
 import sys
 
@@ -76,11 +75,7 @@ def main(argv=None):
   parser.add_argument("--length", type=int, default=8192)
   parser.add_argument("--out", default=os.path.join(common.ROOT, "benchmarks", "results"))
   args = parser.parse_args(argv)
-  sys.path.insert(0, common.ROOT)
-  import routing_transformer  # pylint: disable=g-import-not-at-top,unused-import
-  info = common.machine()
-  info.update(benchmark="train_step", config="bench-8k", length=args.length)
-  common.emit(dict(info, record="machine"))
+  info = common.start("train_step", config="bench-8k", length=args.length)
   results = {}
   steps = {name: build_train_step(name, args.length) for name in MODELS}
   for name, (run, params) in steps.items():  # timed one after the other, same process
@@ -105,9 +100,8 @@ def main(argv=None):
   print("\nrouting / local step time: %.3f, peak memory: %.3f; causal_window / routing step "
         "time: %.3f" % (ratio["time_routing_over_local"], ratio["memory_routing_over_local"],
                         ratio["time_causal_window_over_routing"]))
-  os.makedirs(args.out, exist_ok=True)
-  with open(os.path.join(args.out, "train_step.json"), "w") as f:
-    json.dump({"machine": info, "results": results, "ratio": ratio}, f, indent=1)
+  common.save(args.out, "train_step.json",
+              {"machine": info, "results": results, "ratio": ratio})
 
 
 if __name__ == "__main__":

@@ -6,12 +6,14 @@ model, right-padded with 0 as `t2t-decoder --decode_from_file` feeds it) is fed 
 steps with its tokens forced, so prompt and continuation see exactly one routing rule (the
 decode-time rule of `attention.incremental`). Outputs are the continuations only.
 """
+import collections
 import contextlib
 
 import tensorflow as tf
 
 from routing_transformer import layers
 from routing_transformer import sampling
+from routing_transformer.attention import common
 from tensor2tensor.utils import beam_search
 
 tf1 = tf.compat.v1
@@ -139,7 +141,7 @@ def decode_step(model, ids, position, caches, memory_kv=None, memory_padding=Non
 def without_padding(logits):
   """logits [b, vocab] with the padding id masked: generation never emits PAD (id 0)."""
   is_pad = tf.equal(tf.range(tf.shape(logits)[-1]), PAD_ID)
-  return tf.where(is_pad[tf.newaxis, :], sampling.common.mask_value(logits.dtype), logits)
+  return tf.where(is_pad[tf.newaxis, :], common.mask_value(logits.dtype), logits)
 
 
 def padded_prompt(prompt, batch, length):
@@ -165,6 +167,27 @@ def continuation(tokens, prompt_length, decode_length):
   return tf.where(index < length, taken, tf.zeros_like(taken))
 
 
+class DecodeSetup(collections.namedtuple(
+    "DecodeSetup", "length batch prompt_ids prompt_length memory_kv memory_padding caches vocab")):
+  """What both decoders start from: cache length N, batch size, prompt ids [b, N] and lengths
+  [b], encoder memory (or None), empty per-layer caches, target vocabulary size."""
+
+
+def decode_setup(model, features):
+  """Builds the DecodeSetup of `features` (prompt, encoder memory, empty caches)."""
+  hparams = model.hparams
+  length = decode_length_of(hparams)
+  prompt = prompt_of(model, features)
+  batch = batch_size_of(features, prompt)
+  prompt_ids, prompt_length = padded_prompt(prompt, batch, length)
+  memory_kv, memory_padding = encoder_memory(model, features)
+  caches = [layers.self_attention_cache(hparams, i, batch, length)
+            for i in range(hparams.num_decoder_layers)]
+  vocab = model._problem_hparams.vocab_size["targets"]  # pylint: disable=protected-access
+  return DecodeSetup(length, batch, prompt_ids, prompt_length, memory_kv, memory_padding, caches,
+                     vocab)
+
+
 def sample_loop(model, features, decode_length, temperature=0.0, top_k=-1, top_p=1.0,
                 return_logits=False, seed=None):
   """Greedy or sampled decoding with caches in one tf.while_loop (static shapes).
@@ -184,38 +207,32 @@ def sample_loop(model, features, decode_length, temperature=0.0, top_k=-1, top_p
     dict: "outputs" int32 [b, decode_length] continuations, "tokens" [b, N] prompt +
     continuation, "prompt_length" [b], ["logits" [b, N, vocab]].
   """
-  hparams = model.hparams
-  length = decode_length_of(hparams)
-  prompt = prompt_of(model, features)
-  batch = batch_size_of(features, prompt)
-  prompt_ids, prompt_length = padded_prompt(prompt, batch, length)
+  setup = decode_setup(model, features)
+  length, batch = setup.length, setup.batch
+  prompt_ids, prompt_length = setup.prompt_ids, setup.prompt_length
   end = tf.minimum(prompt_length + decode_length, length)  # exclusive end of each row
-  memory_kv, memory_padding = encoder_memory(model, features)
-  caches = [layers.self_attention_cache(hparams, i, batch, length)
-            for i in range(hparams.num_decoder_layers)]
-  vocab = model._problem_hparams.vocab_size["targets"]  # pylint: disable=protected-access
   logits_buffer = tf.zeros([batch, length if return_logits else 1,
-                            vocab if return_logits else 1])
+                            setup.vocab if return_logits else 1])
 
   def step(t, previous, tokens, caches, finished, logits_buffer):
-    logits, caches = decode_step(model, previous, t, caches, memory_kv, memory_padding)
+    logits, caches = decode_step(model, previous, t, caches, setup.memory_kv,
+                                 setup.memory_padding)
     drawn = sampling.sample(without_padding(logits), temperature, top_k, top_p, seed=seed)
     forced = t < prompt_length
     token = tf.where(forced, prompt_ids[:, t], drawn)
     token = tf.where(finished, tf.zeros_like(token), token)
-    tokens = tf.tensor_scatter_nd_update(
-        tokens, tf.stack([tf.range(batch), tf.fill([batch], t)], axis=1), token)
+    at_t = tf.stack([tf.range(batch), tf.fill([batch], t)], axis=1)  # [b, 2]: (row, t)
+    tokens = tf.tensor_scatter_nd_update(tokens, at_t, token)
     finished = tf.logical_or(finished, tf.logical_and(tf.logical_not(forced),
                                                       tf.equal(token, EOS_ID)))
     finished = tf.logical_or(finished, t + 1 >= end)
     if return_logits:
-      logits_buffer = tf.tensor_scatter_nd_update(
-          logits_buffer, tf.stack([tf.range(batch), tf.fill([batch], t)], axis=1), logits)
+      logits_buffer = tf.tensor_scatter_nd_update(logits_buffer, at_t, logits)
     return t + 1, token, tokens, caches, finished, logits_buffer
 
   # Step 0 outside the loop creates (or reuses) every variable outside control flow.
   state = step(tf.constant(0), tf.zeros([batch], tf.int32), tf.zeros([batch, length], tf.int32),
-               caches, end <= 0, logits_buffer)
+               setup.caches, end <= 0, logits_buffer)
   state = tf.while_loop(
       lambda t, previous, tokens, caches, finished, buf: tf.logical_and(
           t < length, tf.logical_not(tf.reduce_all(finished))),
@@ -236,17 +253,10 @@ def beam_decode(model, features, decode_length, beam_size, top_beams=1, alpha=0.
     dict: "outputs" [b, decode_length] (top_beams == 1) or [b, top_beams, decode_length],
     "scores" [b] or [b, top_beams].
   """
-  hparams = model.hparams
-  length = decode_length_of(hparams)
-  prompt = prompt_of(model, features)
-  batch = batch_size_of(features, prompt)
-  prompt_ids, prompt_length = padded_prompt(prompt, batch, length)
-  memory_kv, memory_padding = encoder_memory(model, features)
-  vocab = model._problem_hparams.vocab_size["targets"]  # pylint: disable=protected-access
+  setup = decode_setup(model, features)
+  length, batch, prompt_ids, prompt_length, memory_kv, memory_padding, caches, vocab = setup
   steps = tf.minimum(tf.reduce_max(prompt_length) + decode_length, length)
-  states = {"caches": [layers.self_attention_cache(hparams, i, batch, length)
-                       for i in range(hparams.num_decoder_layers)],
-            "prompt_ids": prompt_ids, "prompt_length": prompt_length}
+  states = {"caches": caches, "prompt_ids": prompt_ids, "prompt_length": prompt_length}
   if memory_kv is not None:
     states["memory"] = memory_kv
     states["memory_padding"] = memory_padding

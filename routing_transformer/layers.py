@@ -6,6 +6,7 @@ import tensorflow as tf
 
 from routing_transformer import attention
 from routing_transformer.attention import incremental
+from routing_transformer.attention import routing
 from routing_transformer import kmeans
 from tensor2tensor.layers import common_layers
 
@@ -217,7 +218,7 @@ def self_attention_step(x, hparams, layer_index, cache, position):
           q_hat, k_hat, v[:, :num_routing], mu, cache["routing_window"], rel_k, rel_v)
       outputs.append(out)
     else:
-      scores = incremental.routing.centroid_scores(q_hat, mu)  # [b, h, c, 1]
+      scores = routing.centroid_scores(q_hat, mu)  # [b, h, c, 1]
       cache["routing_k"] = incremental.write_cache(cache["routing_k"], k_hat, position)
       cache["routing_v"] = incremental.write_cache(cache["routing_v"], v[:, :num_routing],
                                                    position)
@@ -233,8 +234,7 @@ def self_attention_step(x, hparams, layer_index, cache, position):
     cache["local_k"] = incremental.write_cache(cache["local_k"], k[:, num_routing:], slot)
     cache["local_v"] = incremental.write_cache(cache["local_v"], v[:, num_routing:], slot)
     cache["local_pos"] = incremental.write_cache(
-        cache["local_pos"][:, tf.newaxis, :], tf.fill([tf.shape(x)[0], 1, 1], position), slot,
-        axis=2)[:, 0, :]
+        cache["local_pos"], tf.fill([tf.shape(x)[0], 1], position), slot, axis=1)
     outputs.append(incremental.local_ring_step(
         q[:, num_routing:], cache["local_k"], cache["local_v"], cache["local_pos"][0], position,
         hparams.query_shape[0], hparams.memory_flange[0], relative_keys=rel_k,
