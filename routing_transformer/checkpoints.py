@@ -1,0 +1,367 @@
+"""Checkpoints of the original release (`sparse_transformer`, e.g. the released PG-19 RT-base).
+
+Our model computes the released model's function (post-norm blocks, bias-free q/k/v/output/GEGLU,
+`emb_dense` and untied `final_dense_2` with biases, one [d_head, d_head] map shared by the heads,
+LayerNorm-without-scale routing with unscaled logits; routing heads before local heads), but a few
+variables live under other names. `LEGACY_NAMES` is the one table of those names; everything else
+(embeddings, q/k/v, output_transform, ffn/weight1..3, layer norms, final_dense_*) is identical.
+
+  python -m routing_transformer.checkpoints --from ORIGINAL_CKPT --to OUT_DIR \\
+      [--hparams_set pg19_local_cluster8k] [--hparams ...] [--model routing_transformer]
+
+reads with `tf.train.load_checkpoint` (tf.io.gfile: local or gs:// paths), renames, checks names
+and shapes against our model built from the hparams (vocab size taken from the checkpoint), and
+writes OUT_DIR/model.ckpt-<global_step> plus the `checkpoint` index file, which `t2t-decoder` /
+`t2t-trainer --model=routing_transformer --output_dir=OUT_DIR` restore. Adafactor slots are dropped
+(default) or renamed with their variable (`--optimizer_slots=map`, to continue training).
+"""
+import argparse
+import collections
+import os
+import re
+import sys
+
+import numpy as np
+import tensorflow as tf
+
+tf1 = tf.compat.v1
+
+ORIGINAL_MODEL = "sparse_transformer"
+GLOBAL_STEP = "global_step"
+
+# Placeholders of the name templates below: {name} matches the regex.
+_FIELDS = {
+    "attn": r"(?:decoder|encoder)_layer_\d+/self_attention/self_attention",
+    "table": r"relative_positions_(?:keys|values)",
+    "kmeans": r"means|ema_count|ema_means",
+}
+
+# The one table of renamed variables: (our name, original name), relative to "<model>/body/".
+LEGACY_NAMES = (
+    ("{attn}/head_dense/kernel", "{attn}/attention_nd/dense/kernel"),
+    ("{attn}/local/{table}/embeddings", "{attn}/attention_nd/local_nd/{table}/embeddings"),
+    ("{attn}/routing/cluster_attention/{kmeans}",
+     "{attn}/attention_nd/cluster_attention/cluster_attention/{kmeans}"),
+    ("{attn}/routing/{table}/embeddings",
+     "{attn}/attention_nd/cluster_attention/cluster_attention/{table}/embeddings"),
+)
+
+
+class CheckpointError(ValueError):
+  """A checkpoint that cannot be converted or restored; the message names the fix."""
+
+
+def _compile(template):
+  """'{attn}/x' -> regex with named groups matching the whole name."""
+  pattern = re.escape(template)
+  for field, regex in _FIELDS.items():
+    pattern = pattern.replace(re.escape("{%s}" % field), "(?P<%s>%s)" % (field, regex))
+  return re.compile(pattern + r"\Z")
+
+
+_RULES = tuple((_compile(ours), ours, _compile(orig), orig) for ours, orig in LEGACY_NAMES)
+
+
+def _split_model(name):
+  """'m/body/rest' -> ('m', 'rest'), or (None, name) for names outside a model body."""
+  parts = name.split("/", 2)
+  if len(parts) == 3 and parts[1] == "body":
+    return parts[0], parts[2]
+  return None, name
+
+
+def from_original(name, model="routing_transformer"):
+  """Original variable name -> ours (in scope `model`); names outside the body are unchanged."""
+  scope, rest = _split_model(name)
+  if scope != ORIGINAL_MODEL:
+    return name
+  for _, ours, orig_re, _ in _RULES:
+    match = orig_re.match(rest)
+    if match:
+      rest = ours.format(**match.groupdict())
+      break
+  return "%s/body/%s" % (model, rest)
+
+
+def to_original(name):
+  """Our variable name (any model scope) -> the original release's name."""
+  scope, rest = _split_model(name)
+  if scope is None:
+    return name
+  for ours_re, _, _, orig in _RULES:
+    match = ours_re.match(rest)
+    if match:
+      rest = orig.format(**match.groupdict())
+      break
+  return "%s/body/%s" % (ORIGINAL_MODEL, rest)
+
+
+def _is_model_variable(name, scope):
+  return name.startswith(scope + "/body/")
+
+
+def find_checkpoint(path):
+  """A checkpoint prefix from a prefix or a directory (latest checkpoint); clear error if none."""
+  if tf.io.gfile.isdir(path):
+    latest = tf.train.latest_checkpoint(path)
+    if latest is None:
+      found = tf.io.gfile.glob(os.path.join(path, "*.index"))
+      if not found:
+        raise CheckpointError("no checkpoint in directory %s (no `checkpoint` file and no "
+                              "*.index); pass the checkpoint prefix, e.g. DIR/model.ckpt-3530000"
+                              % path)
+      latest = sorted(found)[-1][:-len(".index")]
+    return latest
+  if not tf.io.gfile.exists(path + ".index"):
+    raise CheckpointError("checkpoint %s not found (no %s.index); pass a checkpoint prefix or the "
+                          "directory holding it" % (path, path))
+  return path
+
+
+def read_variables(path):
+  """{name: (shape tuple, dtype)} of a checkpoint (prefix or directory)."""
+  reader = tf.train.load_checkpoint(find_checkpoint(path))
+  shapes, dtypes = reader.get_variable_to_shape_map(), reader.get_variable_to_dtype_map()
+  return {name: (tuple(shapes[name]), dtypes[name]) for name in shapes}
+
+
+def model_variables(hparams, vocab_size, model="routing_transformer",
+                    mode=tf.estimator.ModeKeys.EVAL):
+  """{name: shape} of every variable our model creates for `hparams` (built in a fresh graph)."""
+  from routing_transformer import model as model_lib  # pylint: disable=g-import-not-at-top
+  from tensor2tensor.data_generators import problem_hparams  # pylint: disable=g-import-not-at-top
+  cls = {"routing_transformer": model_lib.RoutingTransformer,
+         "sparse_transformer": model_lib.SparseTransformer}[model]
+  hparams = _copy_hparams(hparams)
+  length = hparams.max_target_length or hparams.max_length
+  with tf.Graph().as_default():
+    p_hparams = problem_hparams.test_problem_hparams(vocab_size, vocab_size, hparams)
+    net = cls(hparams, mode, p_hparams)
+    net({"targets": tf.zeros([1, length, 1, 1], tf.int32)})
+    return {v.op.name: tuple(v.shape.as_list()) for v in tf1.global_variables()}
+
+
+def _copy_hparams(hparams):
+  from tensor2tensor.utils import hparam  # pylint: disable=g-import-not-at-top
+  return hparam.HParams(**hparams.values())
+
+
+Report = collections.namedtuple(
+    "Report", ["renamed", "missing", "unused", "shape_mismatches", "slots", "global_step"])
+Report.__doc__ = """What a conversion found.
+
+renamed: {original name: our name} of the model variables written.
+missing: our model's variables the checkpoint lacks (sorted names).
+unused: checkpoint variables that are neither model variables our model has, nor optimizer slots,
+  nor global_step.
+shape_mismatches: [(our name, checkpoint shape, our shape)].
+slots: {original name: our name or None (dropped)} of optimizer slot variables.
+global_step: int or None.
+"""
+
+
+def _ok(report):
+  return not (report.missing or report.shape_mismatches)
+
+
+def describe(report, limit=20):
+  """Multi-line human summary of a Report (lists are cut at `limit` entries)."""
+  def listing(items):
+    items = list(items)
+    more = "" if len(items) <= limit else " ... (%d more)" % (len(items) - limit)
+    return ", ".join(str(i) for i in items[:limit]) + more
+
+  kept = sum(1 for v in report.slots.values() if v)
+  lines = ["model variables: %d renamed/kept; optimizer slots: %d mapped, %d dropped; global_step: %s"
+           % (len(report.renamed), kept, len(report.slots) - kept, report.global_step)]
+  if report.missing:
+    lines.append("MISSING in the checkpoint (%d): %s" % (len(report.missing),
+                                                        listing(report.missing)))
+  if report.shape_mismatches:
+    lines.append("SHAPE MISMATCHES (%d; name checkpoint-shape vs model-shape): %s" % (
+        len(report.shape_mismatches),
+        listing("%s %s vs %s" % (n, list(a), list(b)) for n, a, b in report.shape_mismatches)))
+  if report.unused:
+    lines.append("unused checkpoint variables (%d, not written): %s"
+                 % (len(report.unused), listing(report.unused)))
+  return "\n".join(lines)
+
+
+def _owner(name, leaves):
+  """The model variable a slot `<variable>/<slot>` belongs to, or None for a model variable."""
+  parts = name.split("/")
+  for i in range(1, len(parts)):
+    if "/".join(parts[:i]) in leaves:
+      return "/".join(parts[:i])
+  return None
+
+
+def _embedding_rows(variables, names):
+  for name in names:
+    if name in variables and len(variables[name][0]) == 2:
+      return variables[name][0][0]
+  return None
+
+
+def plan(variables, hparams=None, model="routing_transformer", optimizer_slots="drop"):
+  """Decides every variable's fate without reading values.
+
+  Args:
+    variables: {checkpoint name: (shape, dtype)} (see `read_variables`); original names
+      (`sparse_transformer/...`) or ours (`routing_transformer/...`, converted again unchanged).
+    hparams: model hparams to check names and shapes against, or None (rename only).
+    model: target model scope, "routing_transformer" or "sparse_transformer".
+    optimizer_slots: "drop" or "map" (rename `<var>/<slot>` along with its variable).
+  Returns:
+    Report.
+  """
+  if model not in ("routing_transformer", "sparse_transformer"):
+    raise CheckpointError("--model=%s: use routing_transformer or sparse_transformer" % model)
+  if optimizer_slots not in ("drop", "map"):
+    raise CheckpointError("optimizer_slots=%r: use 'drop' or 'map'" % optimizer_slots)
+  scopes = [s for s in (ORIGINAL_MODEL, "routing_transformer") if any(
+      _is_model_variable(n, s) for n in variables)]
+  if not scopes:
+    raise CheckpointError("the checkpoint has no variables under sparse_transformer/body/ or "
+                          "routing_transformer/body/; is it a Routing Transformer checkpoint?")
+  scope = scopes[0]
+
+  def ours(name):
+    if scope == ORIGINAL_MODEL:
+      return from_original(name, model)
+    return from_original(to_original(name), model)
+
+  leaves = {n for n in variables if _is_model_variable(n, scope)}
+  slot_owner = {n: _owner(n, leaves) for n in leaves}
+  slot_owner = {n: o for n, o in slot_owner.items() if o is not None}
+  owners = sorted(leaves - set(slot_owner))
+  renamed = {name: ours(name) for name in owners}
+
+  expected = None
+  if hparams is not None:
+    vocab = _embedding_rows(variables, [n for n in owners if n.endswith("/embeddings/embedding")])
+    if vocab is None:
+      raise CheckpointError("the checkpoint has no <model>/body/embeddings/embedding; cannot tell "
+                            "its vocabulary size")
+    expected = model_variables(hparams, vocab, model)
+    expected.pop(GLOBAL_STEP, None)
+
+  missing, mismatches = [], []
+  if expected is not None:
+    have = {renamed[n]: variables[n][0] for n in owners}
+    missing = sorted(n for n in expected if n not in have)
+    mismatches = sorted((n, have[n], expected[n]) for n in expected
+                        if n in have and tuple(have[n]) != tuple(expected[n]))
+    unused_model = sorted(n for n in owners if renamed[n] not in expected)
+    for name in unused_model:
+      del renamed[name]
+  else:
+    unused_model = []
+  trainable_targets = {v for v in renamed.values()
+                       if not re.search(r"/(%s)\Z" % _FIELDS["kmeans"], v)}
+  slots = {}
+  for name, owner in slot_owner.items():
+    target = renamed.get(owner)
+    if optimizer_slots == "map" and target in trainable_targets:
+      slots[name] = target + name[len(owner):]
+    else:
+      slots[name] = None
+  others = sorted(n for n in variables if n not in leaves and n != GLOBAL_STEP)
+  return Report(renamed=renamed, missing=missing, unused=unused_model + others,
+                shape_mismatches=mismatches, slots=slots, global_step=None)
+
+
+def write_checkpoint(prefix, tensors):
+  """Writes {name: numpy array} as a TF checkpoint at `prefix` (V2 format, tf.io.gfile paths)."""
+  names = sorted(tensors)
+  with tf.Graph().as_default():
+    holders = [tf1.placeholder(tf.as_dtype(tensors[n].dtype), tensors[n].shape) for n in names]
+    save = tf.raw_ops.SaveV2(prefix=prefix, tensor_names=names,
+                             shape_and_slices=[""] * len(names), tensors=holders)
+    with tf1.Session() as sess:
+      sess.run(save, {h: tensors[n] for h, n in zip(holders, names)})
+
+
+def convert(source, output_dir, hparams=None, model="routing_transformer",
+            optimizer_slots="drop", strict=False, overwrite=False):
+  """Converts an original-release checkpoint into one our model restores.
+
+  Args:
+    source: checkpoint prefix or directory (local or gs://).
+    output_dir: directory to write model.ckpt-<global_step> and `checkpoint` into.
+    hparams: HParams of the model (names and shapes are checked) or None (rename only).
+    model: "routing_transformer" (scope of `--model=routing_transformer`) or "sparse_transformer".
+    optimizer_slots: "drop" or "map".
+    strict: also refuse checkpoints with unused variables.
+    overwrite: allow an output_dir that already holds a checkpoint.
+  Returns:
+    (Report, written checkpoint prefix).
+  Raises:
+    CheckpointError: missing variables, shape mismatches (or unused ones when strict), or an
+      existing checkpoint in output_dir; nothing is written then.
+  """
+  source = find_checkpoint(source)
+  variables = read_variables(source)
+  report = plan(variables, hparams, model, optimizer_slots)
+  reader = tf.train.load_checkpoint(source)
+  step = int(reader.get_tensor(GLOBAL_STEP)) if GLOBAL_STEP in variables else 0
+  report = report._replace(global_step=step)
+  if not _ok(report) or (strict and report.unused):
+    raise CheckpointError("cannot convert %s:\n%s" % (source, describe(report)))
+  if not overwrite and tf.io.gfile.isdir(output_dir) and tf.train.latest_checkpoint(output_dir):
+    raise CheckpointError("%s already holds a checkpoint; choose an empty directory or pass "
+                          "--overwrite" % output_dir)
+  tensors = {ours: reader.get_tensor(orig) for orig, ours in report.renamed.items()}
+  tensors.update({ours: reader.get_tensor(orig) for orig, ours in report.slots.items() if ours})
+  tensors[GLOBAL_STEP] = np.asarray(step, np.int64)
+  tf.io.gfile.makedirs(output_dir)
+  prefix = os.path.join(output_dir, "model.ckpt-%d" % step)
+  write_checkpoint(prefix, tensors)
+  tf1.train.update_checkpoint_state(output_dir, prefix)
+  return report, prefix
+
+
+def hparams_from_flags(hparams_set, overrides=""):
+  """A registered hparams set (ours, importing the project's sets) with `k=v,...` overrides."""
+  import hparams as project_hparams  # pylint: disable=g-import-not-at-top,unused-import
+  from tensor2tensor.utils import registry  # pylint: disable=g-import-not-at-top
+  try:
+    hparams = registry.hparams(hparams_set)()
+  except LookupError:
+    raise CheckpointError("unknown hparams set %r; e.g. pg19_local_cluster8k (the released "
+                          "model's set)" % hparams_set)
+  if overrides:
+    hparams.parse(overrides)
+  return hparams
+
+
+def main(argv=None):
+  parser = argparse.ArgumentParser(
+      prog="python -m routing_transformer.checkpoints",
+      description="Convert an original-release Routing Transformer checkpoint to this project.")
+  parser.add_argument("--from", dest="source", required=True,
+                      help="original checkpoint prefix or directory (local or gs://)")
+  parser.add_argument("--to", dest="output_dir", required=True, help="output directory")
+  parser.add_argument("--hparams_set", default=None,
+                      help="check names and shapes against this set (e.g. pg19_local_cluster8k)")
+  parser.add_argument("--hparams", default="", help="overrides, k=v,k=v")
+  parser.add_argument("--model", default="routing_transformer",
+                      choices=["routing_transformer", "sparse_transformer"])
+  parser.add_argument("--optimizer_slots", default="drop", choices=["drop", "map"])
+  parser.add_argument("--strict", action="store_true", help="fail on unused variables too")
+  parser.add_argument("--overwrite", action="store_true")
+  args = parser.parse_args(argv)
+  try:
+    hparams = hparams_from_flags(args.hparams_set, args.hparams) if args.hparams_set else None
+    report, prefix = convert(args.source, args.output_dir, hparams, args.model,
+                             args.optimizer_slots, args.strict, args.overwrite)
+  except (CheckpointError, ValueError, tf.errors.OpError) as e:
+    sys.exit("error: %s" % (e.message if isinstance(e, tf.errors.OpError) else e))
+  print(describe(report))
+  print("wrote %s (restore with --model=%s --output_dir=%s)" % (prefix, args.model,
+                                                               args.output_dir))
+  return 0
+
+
+if __name__ == "__main__":
+  main()
