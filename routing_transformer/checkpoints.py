@@ -326,7 +326,7 @@ def hparams_from_flags(hparams_set, overrides=""):
   import hparams as project_hparams  # pylint: disable=g-import-not-at-top,unused-import
   from tensor2tensor.utils import registry  # pylint: disable=g-import-not-at-top
   try:
-    hparams = registry.hparams(hparams_set)()
+    hparams = registry.hparams(hparams_set)
   except LookupError:
     raise CheckpointError("unknown hparams set %r; e.g. pg19_local_cluster8k (the released "
                           "model's set)" % hparams_set)
