@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+import reference
 import routing_transformer  # pylint: disable=unused-import
 from routing_transformer import checkpoints
 from routing_transformer import model as model_lib
@@ -189,3 +190,81 @@ def test_cli_reports_one_line_errors(tmp_path, capsys):
   with pytest.raises(SystemExit) as exit_info:
     checkpoints.main(["--from", str(tmp_path), "--to", str(tmp_path / "out")])
   assert "no checkpoint in directory" in str(exit_info.value)
+
+
+def original_forward(w, ids, h):
+  """NumPy forward pass of the original release's SparseTransformer LM (its utils.py semantics),
+  reading weights by the original names written out here; ids [n] -> logits [n, vocab]."""
+  top = "sparse_transformer/body/"
+
+  def dense(x, name, bias=False):
+    return x @ w[top + name + "/kernel"] + (w[top + name + "/bias"] if bias else 0.0)
+
+  def post_norm(x, name):  # T2T layer_postprocess "dan": layer_norm(x + y)
+    return (reference.layer_norm(x) * w[top + name + "/layer_norm/layer_norm_scale"] +
+            w[top + name + "/layer_norm/layer_norm_bias"])
+
+  def gelu(x):
+    return 0.5 * x * (1.0 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x ** 3)))
+
+  heads = h.local_num_heads + h.sparsity_cluster_num_heads
+  depth = h.hidden_size // heads
+  n = len(ids)
+  split = lambda t: t.reshape(n, heads, depth).transpose(1, 0, 2)[np.newaxis]
+  x = w[top + "embeddings/embedding"][np.concatenate([[0], ids[:-1]])]
+  x = dense(x, "emb_dense", bias=True)
+  for i in range(h.num_decoder_layers):
+    block = "decoder_layer_%d/self_attention/" % i
+    att = block + "self_attention/"
+    nd = top + att + "attention_nd/"
+    routed = h.sparsity_cluster_num_heads if i >= h.sparsity_skip_first else 0
+    q = split(dense(x, att + "q")) * depth ** -0.5
+    k, v = split(dense(x, att + "k")), split(dense(x, att + "v"))
+    outs = []
+    if routed:  # cluster heads come first; share_qk: keys are the queries
+      cl = nd + "cluster_attention/cluster_attention/"
+      outs.append(reference.routing(
+          q[:, :routed], q[:, :routed], v[:, :routed], w[cl + "means"],
+          h.sparsity_cluster_attention_window, causal=True, share_qk=True,
+          rel_k=w[cl + "relative_positions_keys/embeddings"],
+          rel_v=w[cl + "relative_positions_values/embeddings"])[0])
+    outs.append(reference.local(
+        q[:, routed:], k[:, routed:], v[:, routed:], h.query_shape[0], h.memory_flange[0],
+        causal=True, rel_k=w[nd + "local_nd/relative_positions_keys/embeddings"],
+        rel_v=w[nd + "local_nd/relative_positions_values/embeddings"], scale=1.0))
+    o = np.concatenate(outs, axis=1)[0] @ w[nd + "dense/kernel"]  # [heads, n, d], shared map
+    o = dense(o.transpose(1, 0, 2).reshape(n, h.hidden_size), att + "output_transform")
+    x = post_norm(x + o, block + "layer_postprocess")
+    f = dense(gelu(dense(x, block + "ffn/weight1")) * dense(x, block + "ffn/weight2"),
+              block + "ffn/weight3")
+    x = post_norm(x + f, block + "layer_postprocess_1")
+  return dense(x, "final_dense_2", bias=True)
+
+
+def test_converted_model_computes_the_original_function(rng, tmp_path):
+  """Random weights under the original names; our converted model's logits equal an
+  independent NumPy forward pass of the original architecture (small config, 64 tokens)."""
+  h = reference_hparams()
+  h.max_length = h.max_target_length = h.batch_size = 64
+  h.hidden_size = h.embedding_dims = 32
+  h.filter_size = 48
+  h.sparsity_cluster_attention_window = 16
+  h.query_shape = h.memory_flange = h.memory_query_shape = (16,)
+  h.max_relative_position = 9  # < block + flange: clipping is exercised
+  vocab = 50
+  shapes = {checkpoints.to_original(n): s for n, s in
+            checkpoints.model_variables(h, vocab).items()}
+  values = {n: (rng.standard_normal(s) * (0.5 if len(s) > 1 else 0.2)).astype(np.float32)
+            for n, s in shapes.items() if n != "global_step"}
+  prefix = write(values, str(tmp_path / "original"))
+  _, converted = checkpoints.convert(prefix, str(tmp_path / "ours"), h, strict=True)
+  ids = rng.integers(1, vocab, 64).astype(np.int32)
+  with tf.Graph().as_default():
+    p_hparams = problem_hparams.test_problem_hparams(vocab, vocab, h)
+    logits, _ = model_lib.RoutingTransformer(h, EVAL, p_hparams)(
+        {"targets": tf.constant(ids[None, :, None, None])})
+    with tf1.Session() as sess:
+      tf1.train.Saver().restore(sess, converted)
+      ours = sess.run(logits).reshape(64, vocab)
+  expected = original_forward({n: v.astype(np.float64) for n, v in values.items()}, ids, h)
+  np.testing.assert_allclose(ours, expected, rtol=2e-4, atol=2e-4)
