@@ -2,7 +2,7 @@
 PY := .venv/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: setup test bench-attention bench-train bench-decode bench-quality demo clean
+.PHONY: setup test bench-attention bench-train bench-decode bench-quality bench-peers demo clean
 
 setup:
 	@bash scripts/setup.sh
@@ -24,6 +24,10 @@ bench-quality: setup
 
 bench-train: setup
 	$(PY) benchmarks/train_step.py
+
+# Not part of CI: PyTorch routing-transformer in its own venv (benchmarks/.venv-peers) vs ours.
+bench-peers: setup
+	$(PY) benchmarks/peers.py $(PEERS_ARGS)
 
 clean:
 	rm -rf .pytest_cache benchmarks/results demo_output
