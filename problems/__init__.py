@@ -3,4 +3,9 @@ from routing_transformer import compat
 
 compat.apply()
 
-from problems import synthetic  # pylint: disable=g-import-not-at-top,wrong-import-position
+# pylint: disable=g-import-not-at-top,wrong-import-position
+from problems import enwik8
+from problems import images
+from problems import pg19
+from problems import synthetic
+from problems import wikitext103

@@ -176,3 +176,22 @@ def guard_create_estimator():
 
   create_estimator._routing_guard = True  # pylint: disable=protected-access
   trainer_lib.create_estimator = create_estimator
+
+
+def install_error_hook():
+  """Uncaught errors marked `one_line` (e.g. problems.errors.DataError) print as one line.
+
+  They reach Python's excepthook through absl's app.run; anything else keeps its traceback.
+  """
+  previous = sys.excepthook
+  if getattr(previous, "_routing_guard", False):
+    return
+
+  def hook(kind, value, traceback):
+    if getattr(value, "one_line", False):
+      sys.stderr.write("error: %s\n" % value)
+      return
+    previous(kind, value, traceback)
+
+  hook._routing_guard = True  # pylint: disable=protected-access
+  sys.excepthook = hook

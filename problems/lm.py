@@ -1,0 +1,131 @@
+"""Base of the real-data problems: decoder-only records of `targets` ids, written restartably.
+
+Ids: 0 is padding (the model masks it), 1 is EOS; every encoder here reserves both. A subclass
+names its splits' sources and how one unit (a book, a window, an image) becomes examples; this
+class writes the shards (`problems.shards`), builds or loads the vocabulary once, records per-split
+statistics (tokens, words, ...) for evaluation, and fails with a `DataError` naming the command
+to run when records are missing.
+"""
+import os
+
+import tensorflow.compat.v1 as tf
+
+from tensor2tensor.data_generators import problem
+from tensor2tensor.data_generators import text_encoder
+from tensor2tensor.layers import modalities
+
+from problems import shards
+from problems.errors import DataError
+from routing_transformer import perplexity
+
+PAD_ID = text_encoder.PAD_ID
+EOS_ID = text_encoder.EOS_ID
+
+SPLITS = {"train": problem.DatasetSplit.TRAIN, "dev": problem.DatasetSplit.EVAL,
+          "test": problem.DatasetSplit.TEST}
+
+
+def windows(ids, length):
+  """Splits ids [n] into consecutive non-overlapping windows of `length` (the last may be
+  shorter)."""
+  return [ids[i:i + length] for i in range(0, len(ids), length)]
+
+
+def int_feature(ids):
+  return [int(i) for i in ids]
+
+
+class LanguageModelProblem(problem.Problem):
+  """Records {"targets": ids}; subclasses set `length`, `num_shards` and the source hooks."""
+
+  length = 8192
+  num_shards = {"train": 100, "dev": 1, "test": 1}
+  unit_name = "units"
+  how_to_get = ""  # one sentence: where the raw data comes from
+
+  # ---- hooks for subclasses ----
+  def build_encoder(self, data_dir, tmp_dir):
+    """Builds (or loads) and stores the vocabulary in data_dir; returns the encoder."""
+    raise NotImplementedError
+
+  def split_units(self, split, tmp_dir, encoder):
+    """List of the units (books, windows, images) of `split` ("train", "dev" or "test")."""
+    raise NotImplementedError
+
+  def encode_unit(self, unit, encoder):
+    """unit -> (list of example dicts, stats dict with at least "tokens")."""
+    raise NotImplementedError
+
+  def report(self, total_nll, num_tokens, stats):
+    """The figures the evaluation prints for `total_nll` nats over `num_tokens` tokens."""
+    del stats
+    return perplexity.summary(total_nll, num_tokens)
+
+  # ---- T2T Problem API ----
+  @property
+  def batch_size_means_tokens(self):
+    return True
+
+  def max_length(self, model_hparams):
+    del model_hparams
+    return self.length
+
+  def shard_paths(self, data_dir, split):
+    return self.data_filepaths(SPLITS[split], data_dir, self.num_shards[split], shuffled=True)
+
+  def generate_data(self, data_dir, tmp_dir, task_id=-1):
+    del task_id
+    tf.io.gfile.makedirs(data_dir)
+    name = self.dataset_filename()
+    encoder = None
+    for split in self.num_shards:
+      paths = self.shard_paths(data_dir, split)
+      if all(shards.shard_complete(p, name) for p in paths):
+        tf.logging.info("%s %s: all %d shards complete, skipped.", name, split, len(paths))
+        continue
+      encoder = encoder or self.build_encoder(data_dir, tmp_dir)
+      units = self.split_units(split, tmp_dir, encoder)
+      if not units:
+        raise DataError("%s: the %s split is empty. %s" % (name, split, self.how_to_get))
+      stats = shards.write_split(paths, name, units, lambda u: self.encode_unit(u, encoder),
+                                 "%s %s" % (name, split), self.unit_name,
+                                 shuffle=split == "train")
+      tf.logging.info("%s %s: %s", name, split, stats)
+
+  def split_stats(self, data_dir, split):
+    """Summed per-shard statistics of a generated split (tokens, examples, words, ...)."""
+    return shards.split_stats(self.shard_paths(data_dir, split), self.dataset_filename())
+
+  def hparams(self, defaults, model_hparams):
+    del model_hparams
+    defaults.modality = {"targets": modalities.ModalityType.SYMBOL}
+    defaults.vocab_size = {"targets": self._encoders["targets"].vocab_size}
+
+  def example_reading_spec(self):
+    return {"targets": tf.VarLenFeature(tf.int64)}, None
+
+  def require_records(self, data_dir, dataset_split):
+    pattern = self.filepattern(data_dir, dataset_split)
+    if not tf.io.gfile.glob(pattern):
+      raise DataError(
+          "%s: no records match %s. Generate them first: t2t-datagen "
+          "--t2t_usr_dir=t2t_usr_dir --problem=%s --data_dir=%s --tmp_dir=<raw data>. %s"
+          % (self.name, pattern, self.name, data_dir, self.how_to_get))
+
+  def dataset(self, mode, data_dir=None, *args, **kwargs):  # pylint: disable=keyword-arg-before-vararg
+    split = kwargs.get("dataset_split") or (
+        problem.DatasetSplit.TRAIN if mode == tf.estimator.ModeKeys.TRAIN
+        else problem.DatasetSplit.EVAL)
+    if data_dir:
+      self.require_records(data_dir, split)
+    return super().dataset(mode, data_dir, *args, **kwargs)
+
+
+def vocab_path(data_dir, filename, problem_name):
+  """Path of a stored vocabulary; DataError naming the datagen command when missing."""
+  path = os.path.join(data_dir or "", filename)
+  if not data_dir or not tf.io.gfile.exists(path):
+    raise DataError("%s: vocabulary %s not found in --data_dir=%s. Run t2t-datagen "
+                    "--t2t_usr_dir=t2t_usr_dir --problem=%s --data_dir=... first (or copy the "
+                    "vocabulary file there)." % (problem_name, filename, data_dir, problem_name))
+  return path

@@ -1,0 +1,245 @@
+"""PG-19 (Rae et al., 2020) for `t2t-datagen --problem=pg19_length8k`.
+
+Sources, first match wins:
+  * `PG19_TFDS_DATA_DIR=<dir>`: a prepared tensorflow-datasets `pg19` (e.g. `tfds build pg19
+    --data_dir=<dir>`), read split by split;
+  * `PG19_DIR=<root>` (may be `gs://deepmind-gutenberg`), else `--tmp_dir` or `--tmp_dir/pg19`:
+    the official layout `metadata.csv` + `train/`, `validation/`, `test/` of `<book_id>.txt`.
+Vocabulary: T2T's SubwordTextEncoder stored as `vocab.pg19_length8k.<size>.subwords` in
+`--data_dir` (the released file's name is `vocab.pg19_length8k.32768.subwords`). An existing file
+of that name (in data_dir, or `PG19_VOCAB_FILE`) is used as it is; otherwise one of
+`PG19_VOCAB_SIZE` (default 2**15) subwords is built from the first `PG19_VOCAB_MAX_CHARS`
+(default 2e8) characters of the training books.
+Each book is encoded whole, followed by EOS, and cut into examples of at most 8192 tokens: no
+example joins two books. Word counts per split are stored for word-level perplexity.
+"""
+import csv
+import io
+import os
+
+import tensorflow.compat.v1 as tf
+
+from tensor2tensor.data_generators import text_encoder
+from tensor2tensor.utils import registry
+
+from problems import lm
+from problems.errors import DataError
+from problems.errors import require_dir
+from routing_transformer import perplexity
+
+SPLIT_DIRS = {"train": "train", "dev": "validation", "test": "test"}
+TFDS_SPLITS = {"train": "train", "dev": "validation", "test": "test"}
+HOW_TO_GET = ("Get PG-19 with `gsutil -m cp -r gs://deepmind-gutenberg <dir>` (or set "
+              "PG19_DIR=gs://deepmind-gutenberg), then pass --tmp_dir=<dir> or PG19_DIR=<dir>; "
+              "the layout is metadata.csv plus train/, validation/ and test/ folders of "
+              "<book_id>.txt.")
+
+
+def read_metadata(root):
+  """{book_id: title} from `metadata.csv` (id, title, date, url; no header), or {} if absent."""
+  path = os.path.join(root, "metadata.csv")
+  if not tf.io.gfile.exists(path):
+    tf.logging.warning("PG-19: %s not found; book titles unknown.", path)
+    return {}
+  with tf.io.gfile.GFile(path) as f:
+    rows = list(csv.reader(io.StringIO(f.read())))
+  out = {}
+  for row in rows:
+    if row and row[0].strip().isdigit():
+      out[int(row[0])] = row[1] if len(row) > 1 else ""
+  return out
+
+
+def decode_book(data, where):
+  """Book bytes -> stripped text; DataError for non-UTF-8 or empty books."""
+  try:
+    text = data.decode("utf-8") if isinstance(data, bytes) else data
+  except UnicodeDecodeError as e:
+    raise DataError("PG-19 book %s is not UTF-8 text (%s). %s" % (where, e, HOW_TO_GET))
+  text = text.strip()
+  if not text:
+    raise DataError("PG-19 book %s is empty; remove it or restore it from the source. %s"
+                    % (where, HOW_TO_GET))
+  return text
+
+
+class FolderSource(object):
+  """Books of the official layout under `root` (local path or gs://)."""
+
+  def __init__(self, root):
+    self.root = root
+    self.titles = read_metadata(root)
+
+  def books(self, split):
+    folder = require_dir(os.path.join(self.root, SPLIT_DIRS[split]), "PG-19 " + split,
+                         HOW_TO_GET)
+    names = [n for n in tf.io.gfile.listdir(folder) if n.endswith(".txt")]
+    bad = [n for n in names if not n[:-len(".txt")].isdigit()]
+    if bad:
+      raise DataError("PG-19: %s holds files not named <book_id>.txt, e.g. %r. %s"
+                      % (folder, bad[0], HOW_TO_GET))
+    if not names:
+      raise DataError("PG-19: %s holds no <book_id>.txt books. %s" % (folder, HOW_TO_GET))
+    missing = [n for n in names if self.titles and int(n[:-4]) not in self.titles]
+    if missing:
+      tf.logging.warning("PG-19: %d books of %s are not in metadata.csv, e.g. %s",
+                         len(missing), folder, missing[0])
+    return sorted((int(n[:-4]), os.path.join(folder, n)) for n in names)
+
+  def read(self, book):
+    book_id, path = book
+    with tf.io.gfile.GFile(path, "rb") as f:
+      return book_id, decode_book(f.read(), path)
+
+
+class TfdsSource(object):
+  """Books of a prepared tensorflow-datasets `pg19` in `data_dir`, read in blocks."""
+
+  block = 64
+
+  def __init__(self, data_dir):
+    import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+    self.tfds = tfds
+    try:
+      self.builder = tfds.builder("pg19", data_dir=data_dir)
+      self.info = self.builder.info.splits
+      self.builder.info.splits[TFDS_SPLITS["train"]]  # pylint: disable=pointless-statement
+    except Exception as e:  # pylint: disable=broad-except
+      raise DataError("PG-19: no prepared tensorflow-datasets pg19 in PG19_TFDS_DATA_DIR=%s "
+                      "(%s). Prepare it with `tfds build pg19 --data_dir=%s`, or unset "
+                      "PG19_TFDS_DATA_DIR to read the official layout." % (data_dir, e, data_dir))
+    self.cache = (None, None)
+
+  def books(self, split):
+    n = self.info[TFDS_SPLITS[split]].num_examples
+    return [(split, i) for i in range(n)]
+
+  def read(self, book):
+    split, i = book
+    start = i - i % self.block
+    key = (split, start)
+    if self.cache[0] != key:
+      ds = self.builder.as_dataset(split="%s[%d:%d]" % (TFDS_SPLITS[split], start,
+                                                        start + self.block), shuffle_files=False)
+      self.cache = (key, [(int(e["book_id"]), e["book_text"]) for e in self.tfds.as_numpy(ds)])
+    book_id, text = self.cache[1][i - start]
+    return book_id, decode_book(text, "%s (tfds %s #%d)" % (book_id, split, i))
+
+
+def source(tmp_dir):
+  """The PG-19 source named by the environment, else the official layout in tmp_dir."""
+  tfds_dir = os.environ.get("PG19_TFDS_DATA_DIR")
+  if tfds_dir:
+    return TfdsSource(tfds_dir)
+  root = os.environ.get("PG19_DIR")
+  if not root:
+    candidates = [d for d in (tmp_dir, os.path.join(tmp_dir or "", "pg19"),
+                              os.path.join(tmp_dir or "", "deepmind-gutenberg"))
+                  if d and tf.io.gfile.isdir(os.path.join(d, "train"))
+                  or d and tf.io.gfile.isdir(os.path.join(d, "validation"))]
+    root = candidates[0] if candidates else None
+  if not root:
+    raise DataError("PG-19: no train/ or validation/ folder under --tmp_dir=%s (nor %s/pg19); "
+                    "set PG19_DIR or PG19_TFDS_DATA_DIR. %s" % (tmp_dir, tmp_dir, HOW_TO_GET))
+  return FolderSource(root)
+
+
+@registry.register_problem
+class Pg19Length8k(lm.LanguageModelProblem):
+  """PG-19 books, subword vocabulary, examples of <= 8192 tokens (T2T name: pg19_length8k)."""
+
+  length = 8192
+  num_shards = {"train": 100, "dev": 1, "test": 1}
+  unit_name = "books"
+  how_to_get = HOW_TO_GET
+  default_vocab_size = 2**15
+
+  @property
+  def vocab_size_target(self):
+    return int(os.environ.get("PG19_VOCAB_SIZE", self.default_vocab_size))
+
+  @property
+  def vocab_filename(self):
+    return "vocab.%s.%d.subwords" % (self.dataset_filename(), self.vocab_size_target)
+
+  def stored_vocab(self, data_dir):
+    """The vocabulary datagen stored in data_dir: `vocab.pg19_length8k.<size>.subwords`, the
+    one of PG19_VOCAB_SIZE if set, else the only one there."""
+    if "PG19_VOCAB_SIZE" in os.environ or not data_dir:
+      return lm.vocab_path(data_dir, self.vocab_filename, self.name)
+    found = sorted(tf.io.gfile.glob(os.path.join(
+        data_dir, "vocab.%s.*.subwords" % self.dataset_filename())))
+    if len(found) > 1:
+      raise DataError("%s: several vocabularies in %s (%s); set PG19_VOCAB_SIZE to choose."
+                      % (self.name, data_dir, ", ".join(os.path.basename(f) for f in found)))
+    return found[0] if found else lm.vocab_path(data_dir, self.vocab_filename, self.name)
+
+  def feature_encoders(self, data_dir):
+    return {"targets": text_encoder.SubwordTextEncoder(self.stored_vocab(data_dir))}
+
+  def __init__(self, *args, **kwargs):
+    super().__init__(*args, **kwargs)
+    self._source = None
+
+  def source(self, tmp_dir):
+    if self._source is None:
+      self._source = source(tmp_dir)
+    return self._source
+
+  def vocab_texts(self, tmp_dir, max_chars):
+    """Training book texts, up to `max_chars` characters in all."""
+    src, chars = self.source(tmp_dir), 0
+    for book in src.books("train"):
+      if chars >= max_chars:
+        return
+      _, text = src.read(book)
+      text = text[:max_chars - chars]
+      chars += len(text)
+      yield text
+
+  def build_encoder(self, data_dir, tmp_dir):
+    path = os.path.join(data_dir, self.vocab_filename)
+    given = os.environ.get("PG19_VOCAB_FILE")
+    if given and not tf.io.gfile.exists(path):
+      if not tf.io.gfile.exists(given):
+        raise DataError("PG19_VOCAB_FILE=%s does not exist. The released vocabulary is "
+                        "vocab.pg19_length8k.32768.subwords." % given)
+      tf.io.gfile.copy(given, path + ".tmp", overwrite=True)
+      tf.io.gfile.rename(path + ".tmp", path, overwrite=True)
+    if tf.io.gfile.exists(path):
+      tf.logging.info("PG-19: using the vocabulary %s", path)
+      return text_encoder.SubwordTextEncoder(path)
+    max_chars = int(float(os.environ.get("PG19_VOCAB_MAX_CHARS", 2e8)))
+    tf.logging.info("PG-19: building a %d-subword vocabulary from up to %d characters of the "
+                    "training books (set PG19_VOCAB_FILE to use a given one).",
+                    self.vocab_size_target, max_chars)
+    encoder = text_encoder.SubwordTextEncoder.build_from_generator(
+        self.vocab_texts(tmp_dir, max_chars), self.vocab_size_target)
+    tmp = "%s.tmp-%d" % (path, os.getpid())
+    encoder.store_to_file(tmp)
+    tf.io.gfile.rename(tmp, path, overwrite=True)
+    return encoder
+
+  def split_units(self, split, tmp_dir, encoder):
+    del encoder
+    return self.source(tmp_dir).books(split)
+
+  def encode_unit(self, unit, encoder):
+    book_id, text = self._source.read(unit)
+    ids = encoder.encode(text) + [lm.EOS_ID]
+    examples = [{"targets": lm.int_feature(w), "book_id": [book_id], "chunk": [k]}
+                for k, w in enumerate(lm.windows(ids, self.length))]
+    return examples, {"tokens": len(ids), "words": perplexity.count_words(text), "books": 1,
+                      "chars": len(text)}
+
+  def report(self, total_nll, num_tokens, stats):
+    """Subword and word-level perplexity. The denominator is the official PG-19 word count when
+    the evaluated split is the whole official one (same number of books), else the words
+    counted at datagen (`str.split()`)."""
+    words, source = stats.get("words"), "counted"
+    official = {"dev": "validation", "test": "test"}.get(stats.get("split"))
+    if official and stats.get("books") == perplexity.PG19_BOOKS[official]:
+      words, source = perplexity.PG19_WORDS[official], "official"
+    out = perplexity.summary(total_nll, num_tokens, words)
+    out.update(counted_words=stats.get("words"), word_count=source)
+    return out

@@ -1,0 +1,117 @@
+"""Restartable, atomic TFRecord shards with per-shard statistics.
+
+A shard appears under its final name (`<name>-<split>-0000i-of-0000N`, the names T2T reads) only
+once it is complete: it is written under `<data_dir>/<name>-incomplete/` and renamed at the end,
+after its statistics (`<data_dir>/<name>-stats/<shard>.json`) are stored. An interrupted datagen
+therefore leaves no file that training could mistake for data, and a re-run writes only the
+shards that are missing. Neither side folder matches T2T's `<name>-<split>*` file pattern.
+"""
+import collections
+import json
+import os
+import time
+
+import numpy as np
+import tensorflow.compat.v1 as tf
+
+from tensor2tensor.data_generators import generator_utils
+
+from problems.errors import DataError
+
+
+def side_dir(data_dir, name, kind):
+  """`<data_dir>/<name>-<kind>`: kind is "incomplete" or "stats"."""
+  return os.path.join(data_dir, "%s-%s" % (name, kind))
+
+
+def stats_path(shard_path, name):
+  data_dir, base = os.path.split(shard_path)
+  return os.path.join(side_dir(data_dir, name, "stats"), base + ".json")
+
+
+def atomic_write(path, data, mode="w"):
+  """Writes `data` to `path` through a temporary name and a rename."""
+  tmp = "%s.tmp-%d" % (path, os.getpid())
+  with tf.io.gfile.GFile(tmp, mode) as f:
+    f.write(data)
+  tf.io.gfile.rename(tmp, path, overwrite=True)
+
+
+def shard_complete(shard_path, name):
+  return tf.io.gfile.exists(shard_path) and tf.io.gfile.exists(stats_path(shard_path, name))
+
+
+class Progress(object):
+  """Logs `<what>: shard i/N, units done/total, tokens, tokens/s` at most every `interval` s."""
+
+  def __init__(self, what, total_units, unit_name, interval=10.0):
+    self.what, self.total, self.unit_name, self.interval = what, total_units, unit_name, interval
+    self.units = self.tokens = 0
+    self.start = self.last = time.time()
+
+  def update(self, units, tokens, shard, num_shards, force=False):
+    self.units += units
+    self.tokens += tokens
+    now = time.time()
+    if force or now - self.last >= self.interval:
+      self.last = now
+      rate = self.tokens / max(now - self.start, 1e-9)
+      tf.logging.info("%s: shard %d/%d, %d/%d %s, %d tokens, %.0f tokens/s", self.what,
+                      shard + 1, num_shards, self.units, self.total, self.unit_name,
+                      self.tokens, rate)
+
+
+def write_split(shard_paths, name, units, encode_unit, what, unit_name="units", shuffle=True):
+  """Writes the examples of `units` into `shard_paths`, skipping shards already complete.
+
+  Args:
+    shard_paths: final TFRecord paths, one per shard.
+    name: the problem's dataset_filename (names the side folders).
+    units: list of work items (books, windows, images); shard i gets the i-th contiguous block.
+    encode_unit: unit -> (list of feature dicts, stats dict of numbers, e.g. tokens, words).
+    what: label for progress output, e.g. "pg19_length8k train".
+    unit_name: what a unit is called in progress output ("books").
+    shuffle: shuffle the examples inside each shard (seeded by the shard index).
+  Returns:
+    The summed stats of all shards of the split (also of the shards skipped).
+  """
+  data_dir = os.path.dirname(shard_paths[0])
+  for kind in ("incomplete", "stats"):
+    tf.io.gfile.makedirs(side_dir(data_dir, name, kind))
+  blocks = np.array_split(np.arange(len(units)), len(shard_paths))
+  progress = Progress(what, len(units), unit_name)
+  for i, (path, block) in enumerate(zip(shard_paths, blocks)):
+    if shard_complete(path, name):
+      progress.update(len(block), 0, i, len(shard_paths))
+      continue
+    records, stats = [], collections.Counter(examples=0)
+    for j in block:
+      examples, unit_stats = encode_unit(units[j])
+      records.extend(generator_utils.to_example(e).SerializeToString() for e in examples)
+      stats.update(unit_stats)
+      stats["examples"] += len(examples)
+      stats["units"] += 1
+      progress.update(1, unit_stats.get("tokens", 0), i, len(shard_paths))
+    if shuffle:
+      np.random.RandomState(i).shuffle(records)
+    tmp = os.path.join(side_dir(data_dir, name, "incomplete"), os.path.basename(path))
+    with tf.io.TFRecordWriter(tmp) as writer:
+      for record in records:
+        writer.write(record)
+    atomic_write(stats_path(path, name), json.dumps(dict(stats), sort_keys=True))
+    tf.io.gfile.rename(tmp, path, overwrite=True)
+  progress.update(0, 0, len(shard_paths) - 1, len(shard_paths), force=True)
+  return split_stats(shard_paths, name)
+
+
+def split_stats(shard_paths, name):
+  """Sum of the stored per-shard stats; raises DataError naming a shard without stats."""
+  total = collections.Counter()
+  for path in shard_paths:
+    stats_file = stats_path(path, name)
+    if not tf.io.gfile.exists(stats_file):
+      raise DataError("No statistics for shard %s (expected %s); re-run t2t-datagen."
+                       % (path, stats_file))
+    with tf.io.gfile.GFile(stats_file) as f:
+      total.update(json.load(f))
+  return dict(total)

@@ -1,0 +1,161 @@
+"""Evaluate a checkpoint on every token of a generated split: total NLL and the problem's figures.
+
+  python -m routing_transformer.evaluate --problem=pg19_length8k --data_dir=D \
+      --hparams_set=pg19_local_cluster8k --checkpoint=O [--split=test]
+
+Every example of the split is scored once, without context from the examples before it (as the
+model was trained), over all non-padding target tokens (EOS included). The problem turns the
+total into its figures (`problems.lm.LanguageModelProblem.report`): subword and word-level
+perplexity and bits per word for PG-19 (official word counts for the full validation/test
+split), bits per byte for enwik8, perplexity for WikiText-103, bits per dimension for images.
+Prints one JSON object; progress goes to the log.
+"""
+import json
+import math
+import os
+import sys
+import time
+
+from absl import app
+from absl import flags
+import numpy as np
+import tensorflow.compat.v1 as tf
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+SPLITS = ("train", "dev", "test")
+
+
+class EvaluationError(ValueError):
+  one_line = True
+
+
+def _register():
+  if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+  import t2t_usr_dir  # pylint: disable=g-import-not-at-top,unused-import
+
+
+def resolve_checkpoint(path):
+  """A checkpoint prefix from a prefix or a directory holding checkpoints."""
+  if path and tf.io.gfile.isdir(path):
+    latest = tf.train.latest_checkpoint(path)
+    if not latest:
+      raise EvaluationError("No checkpoint in %s (expected a `checkpoint` file and "
+                            "model.ckpt-* files written by t2t-trainer)." % path)
+    return latest
+  if not path or not tf.io.gfile.glob(path + ".index"):
+    raise EvaluationError("Checkpoint %r not found; pass --checkpoint=<output_dir> or a "
+                          "model.ckpt-N prefix." % path)
+  return path
+
+
+def token_nll(logits, targets):
+  """Summed NLL [b] and non-padding token counts [b] of logits [b, n, v] for targets [b, n]."""
+  xent = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=targets, logits=logits)
+  weights = tf.cast(tf.not_equal(targets, 0), tf.float32)
+  return tf.reduce_sum(xent * weights, axis=1), tf.reduce_sum(weights, axis=1)
+
+
+def evaluate(problem_name, hparams_set, checkpoint, data_dir, split="dev",
+             model_name="routing_transformer", hparams_overrides="", batch_size=1,
+             max_examples=None, log_every=30.0):
+  """Scores the split; returns the dict of figures (see module docstring)."""
+  _register()
+  from tensor2tensor.utils import registry  # pylint: disable=g-import-not-at-top
+  from tensor2tensor.utils import trainer_lib  # pylint: disable=g-import-not-at-top
+  from problems import lm  # pylint: disable=g-import-not-at-top
+  if split not in SPLITS:
+    raise EvaluationError("--split must be one of %s, got %r" % (", ".join(SPLITS), split))
+  checkpoint = resolve_checkpoint(checkpoint)
+  graph = tf.Graph()
+  with graph.as_default():
+    hp = trainer_lib.create_hparams(hparams_set, hparams_overrides, data_dir=data_dir,
+                                    problem_name=problem_name)
+    problem = hp.problem
+    length = hp.max_target_length or hp.max_length
+    ds = problem.dataset(tf.estimator.ModeKeys.EVAL, data_dir, shuffle_files=False, hparams=hp,
+                         dataset_split=lm.SPLITS[split])
+    ds = ds.map(lambda ex: {"targets": tf.cast(ex["targets"], tf.int32)})
+    if max_examples:
+      ds = ds.take(max_examples)
+    ds = ds.padded_batch(batch_size, {"targets": [length]})
+    features = tf.data.make_one_shot_iterator(ds).get_next()
+    model = registry.model(model_name)(hp, tf.estimator.ModeKeys.EVAL, hp.problem_hparams)
+    logits, _ = model({"targets": features["targets"][:, :, tf.newaxis, tf.newaxis]})
+    nll, count = token_nll(tf.squeeze(logits, [2, 3]), features["targets"])
+    saver = tf.train.Saver()
+    total_nll, tokens, examples = 0.0, 0, 0
+    start = last = time.time()
+    with tf.Session() as sess:
+      saver.restore(sess, checkpoint)
+      while True:
+        try:
+          batch_nll, batch_count = sess.run([nll, count])
+        except tf.errors.OutOfRangeError:
+          break
+        total_nll += float(np.sum(batch_nll, dtype=np.float64))
+        tokens += int(np.sum(batch_count))
+        examples += len(batch_nll)
+        if time.time() - last >= log_every:
+          last = time.time()
+          tf.logging.info("evaluate %s %s: %d examples, %d tokens, %.0f tokens/s, "
+                          "%.4f nats/token", problem_name, split, examples, tokens,
+                          tokens / (last - start), total_nll / max(tokens, 1))
+  stats = {}
+  if hasattr(problem, "split_stats"):
+    stats = problem.split_stats(data_dir, split)
+    if not max_examples and stats.get("tokens") not in (None, tokens):
+      raise EvaluationError("Scored %d tokens but datagen recorded %d for %s %s; are examples "
+                            "longer than max_target_length=%d?" % (tokens, stats["tokens"],
+                                                                   problem_name, split, length))
+  if max_examples:
+    stats = {}  # datagen's counts (words, books) describe the whole split only
+  stats["split"] = split
+  report = (problem.report(total_nll, tokens, stats) if hasattr(problem, "report")
+            else {"total_nll": total_nll, "tokens": tokens,
+                  "token_perplexity": math.exp(total_nll / tokens)})
+  report.update(problem=problem_name, split=split, examples=examples, checkpoint=checkpoint,
+                hparams_set=hparams_set)
+  return report
+
+
+FLAGS = flags.FLAGS
+
+
+def define_flags():
+  flags.DEFINE_string("problem", None, "Registered problem, e.g. pg19_length8k.")
+  flags.DEFINE_string("data_dir", None, "Folder of the records written by t2t-datagen.")
+  flags.DEFINE_string("checkpoint", None, "t2t-trainer output_dir or a model.ckpt-N prefix.")
+  flags.DEFINE_string("hparams_set", None, "Hparams set the checkpoint was trained with.")
+  flags.DEFINE_string("hparams", "", "Hparams overrides, as for t2t-trainer.")
+  flags.DEFINE_string("model", "routing_transformer", "Registered model name.")
+  flags.DEFINE_enum("split", "dev", list(SPLITS), "Split to score.")
+  flags.DEFINE_integer("batch_size", 1, "Examples per batch.")
+  flags.DEFINE_integer("max_examples", 0, "Score only the first N examples (0: all); word "
+                       "counts are then unknown.")
+  flags.DEFINE_string("output_json", None, "Also write the JSON here.")
+
+
+def main(argv):
+  del argv
+  for name in ("problem", "data_dir", "checkpoint", "hparams_set"):
+    if not getattr(FLAGS, name):
+      sys.exit("error: --%s is required." % name)
+  _register()
+  from routing_transformer import t2t_glue  # pylint: disable=g-import-not-at-top
+  t2t_glue.install_error_hook()
+  tf.logging.set_verbosity(tf.logging.INFO)
+  report = evaluate(FLAGS.problem, FLAGS.hparams_set, FLAGS.checkpoint, FLAGS.data_dir,
+                    FLAGS.split, FLAGS.model, FLAGS.hparams, FLAGS.batch_size,
+                    FLAGS.max_examples or None)
+  text = json.dumps(report, indent=1, sort_keys=True)
+  print(text)
+  if FLAGS.output_json:
+    with tf.io.gfile.GFile(FLAGS.output_json, "w") as f:
+      f.write(text + "\n")
+
+
+if __name__ == "__main__":
+  define_flags()
+  app.run(main)

@@ -1,0 +1,428 @@
+"""Real-data problems on miniature datasets in the official layouts (tests/datasets.py).
+
+Datagen runs through the stock `t2t-datagen` once per problem (module-scoped fixtures); records
+are read back and compared with the raw text, bytes and pixels; errors, restartability and the
+evaluation arithmetic are checked in-process.
+"""
+import collections
+import glob
+import math
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import tensorflow.compat.v1 as tf
+
+import datasets
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+import t2t_usr_dir  # pylint: disable=g-import-not-at-top,unused-import,wrong-import-position
+from problems import enwik8  # pylint: disable=g-import-not-at-top,wrong-import-position
+from problems import lm  # pylint: disable=g-import-not-at-top,wrong-import-position
+from problems import shards  # pylint: disable=g-import-not-at-top,wrong-import-position
+from problems.errors import DataError  # pylint: disable=g-import-not-at-top,wrong-import-position
+from routing_transformer import perplexity  # pylint: disable=g-import-not-at-top,wrong-import-position
+from tensor2tensor.utils import registry  # pylint: disable=g-import-not-at-top,wrong-import-position
+
+BIN = os.path.join(ROOT, ".venv", "bin")
+PG19_VOCAB = 300
+
+
+def datagen(problem, data_dir, tmp_dir, env=None, check=True):
+  """Runs stock t2t-datagen; returns the CompletedProcess."""
+  full_env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", **(env or {}))
+  proc = subprocess.run(
+      [os.path.join(BIN, "t2t-datagen"), "--t2t_usr_dir=" + os.path.join(ROOT, "t2t_usr_dir"),
+       "--problem=" + problem, "--data_dir=" + str(data_dir), "--tmp_dir=" + str(tmp_dir)],
+      capture_output=True, text=True, env=full_env, cwd=ROOT, timeout=600)
+  if check:
+    assert proc.returncode == 0, proc.stderr[-3000:]
+  return proc
+
+
+def read_records(problem_name, data_dir, split):
+  """List of feature dicts {name: np.array} of every record of `split` (raw, unprocessed)."""
+  pattern = os.path.join(str(data_dir), "%s-%s*" % (problem_name, split))
+  out = []
+  for path in sorted(glob.glob(pattern)):
+    for record in tf.io.tf_record_iterator(path):
+      ex = tf.train.Example.FromString(record)
+      row = {}
+      for k, f in ex.features.feature.items():
+        row[k] = (np.array(f.int64_list.value) if f.HasField("int64_list")
+                  else list(f.bytes_list.value))
+      out.append(row)
+  return out
+
+
+def dataset_targets(problem_name, data_dir, split):
+  """`targets` of every example of a split through the problem's own reader (dataset())."""
+  problem = registry.problem(problem_name)
+  with tf.Graph().as_default():
+    ds = problem.dataset(tf.estimator.ModeKeys.EVAL, str(data_dir), shuffle_files=False,
+                         dataset_split=lm.SPLITS[split])
+    nxt = tf.data.make_one_shot_iterator(ds).get_next()
+    out = []
+    with tf.Session() as sess:
+      while True:
+        try:
+          out.append(sess.run(nxt)["targets"])
+        except tf.errors.OutOfRangeError:
+          return out
+
+
+# ------------------------------------------------------------------------------------------ PG-19
+
+@pytest.fixture(scope="module")
+def pg19(tmp_path_factory):
+  raw = tmp_path_factory.mktemp("pg19_raw")
+  texts = datasets.make_pg19(str(raw))
+  data_dir = tmp_path_factory.mktemp("pg19_data")
+  proc = datagen("pg19_length8k", data_dir, raw, env={"PG19_VOCAB_SIZE": str(PG19_VOCAB)})
+  return {"raw": raw, "texts": texts, "data_dir": data_dir, "log": proc.stderr}
+
+
+def pg19_encoder(data_dir):
+  return registry.problem("pg19_length8k").feature_encoders(str(data_dir))["targets"]
+
+
+def books_from_records(records):
+  by_book = collections.defaultdict(list)
+  for r in records:
+    by_book[int(r["book_id"][0])].append((int(r["chunk"][0]), r["targets"]))
+  return {b: np.concatenate([t for _, t in sorted(chunks)]) for b, chunks in by_book.items()}
+
+
+def test_pg19_records_decode_back_to_books(pg19):
+  encoder = pg19_encoder(pg19["data_dir"])
+  for split, folder in (("train", "train"), ("dev", "validation"), ("test", "test")):
+    books = books_from_records(read_records("pg19_length8k", pg19["data_dir"], split))
+    assert set(books) == set(pg19["texts"][folder])
+    for book_id, ids in books.items():
+      assert ids[-1] == lm.EOS_ID and np.sum(ids == lm.EOS_ID) == 1  # EOS ends every book
+      assert encoder.decode(ids[:-1].tolist()) == pg19["texts"][folder][book_id].strip()
+
+
+def test_pg19_examples_respect_length_and_never_join_books(pg19):
+  records = read_records("pg19_length8k", pg19["data_dir"], "train")
+  assert all(0 < len(r["targets"]) <= 8192 for r in records)
+  assert max(len(r["targets"]) for r in records) == 8192  # the long book is cut
+  assert all(len(set(r["book_id"])) == 1 for r in records)
+  per_book = collections.Counter(int(r["book_id"][0]) for r in records)
+  assert per_book[101] >= 2 and per_book[102] == 1
+
+
+def test_pg19_vocabulary_round_trips_and_stats(pg19):
+  encoder = pg19_encoder(pg19["data_dir"])
+  assert abs(encoder.vocab_size - PG19_VOCAB) < 0.3 * PG19_VOCAB
+  for text in ("Dr. Watson's café — «naïve» 1984!", "unseen w0rds\tand ünïcödé ✓"):
+    assert encoder.decode(encoder.encode(text)) == text
+  problem = registry.problem("pg19_length8k")
+  for split, folder in (("train", "train"), ("dev", "validation")):
+    stats = problem.split_stats(str(pg19["data_dir"]), split)
+    texts = pg19["texts"][folder]
+    assert stats["books"] == len(texts)
+    assert stats["words"] == sum(len(t.split()) for t in texts.values())
+    assert stats["tokens"] == sum(len(encoder.encode(t.strip())) + 1 for t in texts.values())
+  assert "books" in pg19["log"] and "tokens/s" in pg19["log"]  # progress output
+
+
+def test_pg19_given_vocab_file_is_used_as_is(pg19, tmp_path, monkeypatch):
+  vocab = glob.glob(os.path.join(str(pg19["data_dir"]), "vocab.pg19_length8k.*.subwords"))[0]
+  monkeypatch.setenv("PG19_VOCAB_FILE", vocab)
+  monkeypatch.setenv("PG19_VOCAB_SIZE", "32768")  # the released file's name
+  monkeypatch.setenv("PG19_DIR", str(pg19["raw"]))
+  problem = registry.problem("pg19_length8k")
+  problem.generate_data(str(tmp_path), "/nonexistent")
+  stored = tmp_path / "vocab.pg19_length8k.32768.subwords"
+  assert stored.read_bytes() == open(vocab, "rb").read()
+  assert (read_records("pg19_length8k", tmp_path, "dev")[0]["targets"].tolist()
+          in [r["targets"].tolist() for r in read_records("pg19_length8k", pg19["data_dir"],
+                                                          "dev")])
+
+
+def test_pg19_tfds_source_gives_the_same_records(pg19, tmp_path, monkeypatch):
+  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+  from tensorflow_datasets.datasets.pg19 import pg19_dataset_builder  # pylint: disable=g-import-not-at-top
+  monkeypatch.setattr(pg19_dataset_builder, "_DATA_DIR", tfds.core.Path(str(pg19["raw"])))
+  tfds_dir = str(tmp_path / "tfds")
+  tfds.builder("pg19", data_dir=tfds_dir).download_and_prepare(
+      download_config=tfds.download.DownloadConfig(try_download_gcs=False))
+  monkeypatch.setenv("PG19_TFDS_DATA_DIR", tfds_dir)
+  out = tmp_path / "data"
+  os.makedirs(str(out))
+  for vocab in glob.glob(os.path.join(str(pg19["data_dir"]), "vocab.*")):
+    tf.io.gfile.copy(vocab, os.path.join(str(out), os.path.basename(vocab)))
+  monkeypatch.setenv("PG19_VOCAB_SIZE", str(PG19_VOCAB))
+  registry.problem("pg19_length8k").generate_data(str(out), "/nonexistent")
+  for split in ("train", "dev", "test"):
+    ours = sorted(r["targets"].tolist() for r in read_records("pg19_length8k", out, split))
+    ref = sorted(r["targets"].tolist() for r in read_records("pg19_length8k", pg19["data_dir"],
+                                                             split))
+    assert ours == ref
+
+
+def test_pg19_bad_inputs_name_the_fix(tmp_path, monkeypatch):
+  monkeypatch.delenv("PG19_DIR", raising=False)
+  monkeypatch.delenv("PG19_TFDS_DATA_DIR", raising=False)
+  monkeypatch.setenv("PG19_VOCAB_SIZE", str(PG19_VOCAB))
+  problem = registry.problem("pg19_length8k")
+  with pytest.raises(DataError, match="deepmind-gutenberg"):
+    problem.generate_data(str(tmp_path / "d1"), str(tmp_path / "nothing"))
+  raw = tmp_path / "raw"
+  datasets.make_pg19(str(raw), books={"train": {1: 50}, "validation": {2: 20}, "test": {3: 20}})
+  (raw / "validation" / "5.txt").write_text("  \n")
+  with pytest.raises(DataError, match=r"5\.txt is empty"):
+    registry.problem("pg19_length8k").generate_data(str(tmp_path / "d2"), str(raw))
+  (raw / "validation" / "5.txt").write_bytes(b"\xff\xfe bad bytes")
+  with pytest.raises(DataError, match="not UTF-8"):
+    registry.problem("pg19_length8k").generate_data(str(tmp_path / "d3"), str(raw))
+  (raw / "validation" / "5.txt").unlink()
+  (raw / "validation" / "notes.txt").write_text("x")
+  with pytest.raises(DataError, match="<book_id>.txt"):
+    registry.problem("pg19_length8k").generate_data(str(tmp_path / "d4"), str(raw))
+  with pytest.raises(DataError, match="t2t-datagen"):  # training before datagen
+    registry.problem("pg19_length8k").dataset(tf.estimator.ModeKeys.TRAIN,
+                                              str(tmp_path / "empty"))
+
+
+def test_datagen_missing_data_is_one_line_without_traceback(tmp_path):
+  proc = datagen("enwik8_length8k", tmp_path / "d", tmp_path / "empty", check=False)
+  assert proc.returncode != 0
+  assert "Traceback" not in proc.stderr, proc.stderr[-2000:]
+  lines = [l for l in proc.stderr.splitlines() if l.startswith("error:")]
+  assert len(lines) == 1 and "enwik8.zip" in lines[0] and "mattmahoney.net" in lines[0]
+
+
+# ----------------------------------------------------------------------------------------- enwik8
+
+@pytest.fixture(scope="module")
+def enwik8_data(tmp_path_factory):
+  raw = tmp_path_factory.mktemp("enwik8_raw")
+  data = datasets.make_enwik8(str(raw), size=200000)
+  data_dir = tmp_path_factory.mktemp("enwik8_data")
+  datagen("enwik8_length8k", data_dir, raw)
+  return {"bytes": data, "data_dir": data_dir}
+
+
+def test_enwik8_split_and_bytes_round_trip(enwik8_data):
+  data, n = enwik8_data["bytes"], len(enwik8_data["bytes"])
+  expected = {"train": data[:n * 90 // 100], "dev": data[n * 90 // 100:n * 95 // 100],
+              "test": data[n * 95 // 100:]}
+  for split, raw in expected.items():
+    records = read_records("enwik8_length8k", enwik8_data["data_dir"], split)
+    assert all(len(r["targets"]) <= 8192 for r in records)
+    if split != "train":  # unshuffled: windows in order
+      got = bytes((np.concatenate([r["targets"] for r in records]) - 2).astype(np.uint8))
+      assert got == raw
+    else:
+      assert sorted(bytes((r["targets"] - 2).astype(np.uint8)) for r in records) == sorted(
+          raw[i:i + 8192] for i in range(0, len(raw), 8192))
+
+
+def test_enwik8_standard_split_sizes():
+  parts = enwik8.split_bytes(b"x" * enwik8.STANDARD_SIZE)
+  assert [len(parts[s]) for s in ("train", "dev", "test")] == [90000000, 5000000, 5000000]
+
+
+def test_enwik8_bad_zip_and_wrong_member(tmp_path):
+  (tmp_path / "enwik8.zip").write_bytes(b"not a zip")
+  with pytest.raises(DataError, match="not a valid zip"):
+    enwik8.read_enwik8(str(tmp_path / "enwik8.zip"))
+  import zipfile  # pylint: disable=g-import-not-at-top
+  with zipfile.ZipFile(str(tmp_path / "other.zip"), "w") as z:
+    z.writestr("enwik9", b"abc")
+  with pytest.raises(DataError, match="no member named enwik8"):
+    enwik8.read_enwik8(str(tmp_path / "other.zip"))
+
+
+def test_interrupted_datagen_leaves_no_shard_and_a_rerun_finishes(enwik8_data, tmp_path,
+                                                                  monkeypatch):
+  raw = tmp_path / "raw"
+  datasets.make_enwik8(str(raw), size=200000)
+  out = tmp_path / "data"
+  problem = registry.problem("enwik8_length8k")
+  calls = {"n": 0}
+  original = problem.encode_unit
+
+  def dying(unit, encoder):
+    calls["n"] += 1
+    if calls["n"] == 8:  # inside the 4th of 10 train shards
+      raise KeyboardInterrupt("killed")
+    return original(unit, encoder)
+
+  monkeypatch.setattr(problem, "encode_unit", dying)
+  with pytest.raises(KeyboardInterrupt):
+    problem.generate_data(str(out), str(raw))
+  pattern = problem.filepattern(str(out), lm.SPLITS["train"])
+  visible = tf.io.gfile.glob(pattern)
+  assert len(visible) == 3  # only the complete shards carry T2T's names
+  assert all(shards.shard_complete(p, "enwik8_length8k") for p in visible)
+  monkeypatch.setattr(problem, "encode_unit", original)
+  problem.generate_data(str(out), str(raw))
+  for split in ("train", "dev", "test"):
+    ours = sorted(r["targets"].tolist() for r in read_records("enwik8_length8k", out, split))
+    ref = sorted(r["targets"].tolist()
+                 for r in read_records("enwik8_length8k", enwik8_data["data_dir"], split))
+    assert ours == ref
+  assert problem.split_stats(str(out), "train")["bytes"] == 180000
+
+
+# ----------------------------------------------------------------------------------- WikiText-103
+
+@pytest.fixture(scope="module")
+def wikitext(tmp_path_factory):
+  raw = tmp_path_factory.mktemp("wt_raw")
+  lines = datasets.make_wikitext103(str(raw))
+  data_dir = tmp_path_factory.mktemp("wt_data")
+  datagen("wikitext103_length1k", data_dir, raw)
+  return {"lines": lines, "data_dir": data_dir}
+
+
+def test_wikitext_vocab_from_train_and_windows_cover_the_stream(wikitext):
+  encoder = registry.problem("wikitext103_length1k").feature_encoders(
+      str(wikitext["data_dir"]))["targets"]
+  train_words = collections.Counter(w for l in wikitext["lines"]["train"] for w in l.split())
+  assert encoder.vocab_size == len(train_words) + 2  # + <pad>, <EOS>
+  most_common = train_words.most_common(1)[0][0]
+  assert encoder.decode([2]) == most_common
+  for split, name in (("dev", "valid"), ("test", "test")):
+    records = read_records("wikitext103_length1k", wikitext["data_dir"], split)
+    assert all(len(r["targets"]) <= 1024 for r in records)
+    stream = np.concatenate([r["targets"] for r in records])
+    expected = []
+    for line in wikitext["lines"][name]:
+      expected += [w if w in train_words else "<unk>" for w in line.split()] + ["<EOS>"]
+    assert [encoder.decode([int(i)]) for i in stream] == expected
+
+
+def test_wikitext_lengths_share_the_vocabulary(wikitext, tmp_path):
+  raw = tmp_path / "raw"
+  datasets.make_wikitext103(str(raw))
+  out = tmp_path / "data"
+  registry.problem("wikitext103_length2k").generate_data(str(out), str(raw))
+  assert ((out / "vocab.wikitext103.tokens").read_bytes()
+          == (wikitext["data_dir"] / "vocab.wikitext103.tokens").read_bytes())
+  a = np.concatenate([r["targets"] for r in read_records("wikitext103_length2k", out, "test")])
+  b = np.concatenate([r["targets"] for r in read_records("wikitext103_length1k",
+                                                         wikitext["data_dir"], "test")])
+  assert a.tolist() == b.tolist()
+
+
+# ---------------------------------------------------------------------------------------- images
+
+def test_cifar10_records_are_raster_scan_pixels(tmp_path):
+  raw = tmp_path / "raw"
+  batches = datasets.make_cifar10(str(raw), as_tar=True)
+  datagen("cifar10_pixels", tmp_path / "data", raw)
+  for split, names in (("train", ["data_batch_%d" % i for i in range(1, 6)]),
+                       ("test", ["test_batch"])):
+    expected = datasets.raster(np.concatenate([batches[n] for n in names]), 32)
+    got = dataset_targets("cifar10_pixels", tmp_path / "data", split)
+    assert all(t.shape == (3072,) for t in got)
+    assert sorted(map(bytes, (np.stack(got) - 2).astype(np.uint8))) == sorted(map(bytes,
+                                                                                   expected))
+
+
+def test_imagenet64_records_are_raster_scan_pixels(tmp_path):
+  raw = tmp_path / "raw"
+  arrays = datasets.make_imagenet64(str(raw))
+  datagen("imagenet64_pixels", tmp_path / "data", raw)
+  got = np.stack(dataset_targets("imagenet64_pixels", tmp_path / "data", "dev"))
+  assert got.shape == (3, 12288)
+  np.testing.assert_array_equal(got - 2, datasets.raster(arrays["val_data.npz"], 64))
+  train = dataset_targets("imagenet64_pixels", tmp_path / "data", "train")
+  assert len(train) == 20
+
+
+def test_image_format_errors(tmp_path):
+  (tmp_path / "cifar-10-batches-py").mkdir()
+  for name in ["data_batch_%d" % i for i in range(1, 6)] + ["test_batch"]:
+    (tmp_path / "cifar-10-batches-py" / name).write_bytes(b"garbage")
+  with pytest.raises(DataError, match="not a CIFAR python batch"):
+    registry.problem("cifar10_pixels").generate_data(str(tmp_path / "d"), str(tmp_path))
+  np.savez(str(tmp_path / "val_data.npz"), data=np.zeros((2, 100), np.uint8))
+  for i in range(1, 11):
+    np.savez(str(tmp_path / ("train_data_batch_%d.npz" % i)), data=np.zeros((2, 12288), np.uint8))
+  with pytest.raises(DataError, match=r"uint8 \[n, 12288\]"):
+    registry.problem("imagenet64_pixels").generate_data(str(tmp_path / "d2"), str(tmp_path))
+  with pytest.raises(DataError, match="Imagenet64_train_npz.zip"):
+    registry.problem("imagenet64_pixels").generate_data(str(tmp_path / "d3"),
+                                                        str(tmp_path / "none"))
+
+
+# ------------------------------------------------------------------------------------ evaluation
+
+def test_perplexity_arithmetic():
+  s = perplexity.summary(100.0, 50, 20)
+  assert s["token_perplexity"] == pytest.approx(math.exp(2.0))
+  assert s["word_perplexity"] == pytest.approx(math.exp(5.0))
+  assert s["bits_per_word"] == pytest.approx(5.0 / math.log(2))
+  problem = registry.problem("pg19_length8k")
+  official = problem.report(1000.0, 400, {"split": "test", "books": 100, "words": 123})
+  assert official["words"] == 6966499 and official["word_count"] == "official"
+  assert official["word_perplexity"] == pytest.approx(math.exp(1000.0 / 6966499))
+  partial = problem.report(1000.0, 400, {"split": "test", "books": 7, "words": 123})
+  assert partial["words"] == 123 and partial["word_count"] == "counted"
+  assert perplexity.count_words("a  b\nc\t d ") == 4
+  with pytest.raises(ValueError, match="empty"):
+    perplexity.perplexity(1.0, 0, "word")
+
+
+LONG = "max_length=8192,max_target_length=8192,sparsity_cluster_attention_window=2048"
+
+
+def save_random_checkpoint(out_dir, problem_name, data_dir, hparams_set, overrides):
+  from tensor2tensor.utils import trainer_lib  # pylint: disable=g-import-not-at-top
+  with tf.Graph().as_default():
+    hp = trainer_lib.create_hparams(hparams_set, overrides, data_dir=str(data_dir),
+                                    problem_name=problem_name)
+    model = registry.model("routing_transformer")(hp, tf.estimator.ModeKeys.EVAL,
+                                                  hp.problem_hparams)
+    model({"targets": tf.zeros([1, hp.max_target_length, 1, 1], tf.int32)})
+    tf.train.get_or_create_global_step()
+    with tf.Session() as sess:
+      sess.run(tf.global_variables_initializer())
+      return tf.train.Saver().save(sess, os.path.join(str(out_dir), "model.ckpt"), 0)
+
+
+def hand_total_nll(checkpoint, problem_name, data_dir, hparams_set, overrides, examples):
+  """Sum over examples of T2T's own mean training loss x non-padding tokens, one at a time."""
+  from tensor2tensor.utils import trainer_lib  # pylint: disable=g-import-not-at-top
+  with tf.Graph().as_default():
+    hp = trainer_lib.create_hparams(hparams_set, overrides, data_dir=str(data_dir),
+                                    problem_name=problem_name)
+    targets = tf.placeholder(tf.int32, [1, None])
+    model = registry.model("routing_transformer")(hp, tf.estimator.ModeKeys.EVAL,
+                                                  hp.problem_hparams)
+    _, losses = model({"targets": targets[:, :, tf.newaxis, tf.newaxis]})
+    total = 0.0
+    with tf.Session() as sess:
+      tf.train.Saver().restore(sess, checkpoint)
+      for ids in examples:
+        loss = sess.run(losses["training"], {targets: ids[np.newaxis]})
+        total += float(loss) * len(ids)
+    return total
+
+
+def test_word_level_perplexity_matches_hand_computation(pg19, tmp_path):
+  from routing_transformer import evaluate  # pylint: disable=g-import-not-at-top
+  ckpt = save_random_checkpoint(tmp_path, "pg19_length8k", pg19["data_dir"],
+                                "routing_transformer_test", LONG)
+  report = evaluate.evaluate("pg19_length8k", "routing_transformer_test", str(tmp_path),
+                             str(pg19["data_dir"]), "dev", hparams_overrides=LONG,
+                             batch_size=2)
+  records = read_records("pg19_length8k", pg19["data_dir"], "dev")
+  total = hand_total_nll(ckpt, "pg19_length8k", pg19["data_dir"], "routing_transformer_test",
+                         LONG, [r["targets"] for r in records])
+  words = sum(len(t.split()) for t in pg19["texts"]["validation"].values())
+  tokens = sum(len(r["targets"]) for r in records)
+  assert report["tokens"] == tokens and report["words"] == words
+  assert report["word_count"] == "counted"  # 2 books, not the official 50
+  assert report["total_nll"] == pytest.approx(total, rel=1e-4)
+  assert report["word_perplexity"] == pytest.approx(math.exp(total / words), rel=1e-3)
+  assert report["token_perplexity"] == pytest.approx(math.exp(total / tokens), rel=1e-4)
+  assert report["bits_per_word"] == pytest.approx(total / words / math.log(2), rel=1e-4)
