@@ -119,8 +119,9 @@ class TfdsSource(object):
     start = i - i % self.block
     key = (split, start)
     if self.cache[0] != key:
-      ds = self.builder.as_dataset(split="%s[%d:%d]" % (TFDS_SPLITS[split], start,
-                                                        start + self.block), shuffle_files=False)
+      end = min(start + self.block, self.info[TFDS_SPLITS[split]].num_examples)
+      ds = self.builder.as_dataset(split="%s[%d:%d]" % (TFDS_SPLITS[split], start, end),
+                                   shuffle_files=False)
       self.cache = (key, [(int(e["book_id"]), e["book_text"]) for e in self.tfds.as_numpy(ds)])
     book_id, text = self.cache[1][i - start]
     return book_id, decode_book(text, "%s (tfds %s #%d)" % (book_id, split, i))

@@ -117,7 +117,7 @@ def test_pg19_examples_respect_length_and_never_join_books(pg19):
 
 def test_pg19_vocabulary_round_trips_and_stats(pg19):
   encoder = pg19_encoder(pg19["data_dir"])
-  assert abs(encoder.vocab_size - PG19_VOCAB) < 0.3 * PG19_VOCAB
+  assert 100 < encoder.vocab_size <= 1.1 * PG19_VOCAB  # a 30-word corpus has no 300 subwords
   for text in ("Dr. Watson's café — «naïve» 1984!", "unseen w0rds\tand ünïcödé ✓"):
     assert encoder.decode(encoder.encode(text)) == text
   problem = registry.problem("pg19_length8k")
@@ -250,7 +250,7 @@ def test_interrupted_datagen_leaves_no_shard_and_a_rerun_finishes(enwik8_data, t
 
   def dying(unit, encoder):
     calls["n"] += 1
-    if calls["n"] == 8:  # inside the 4th of 10 train shards
+    if calls["n"] == 8:  # 22 windows in shards of 3, 3, 2, ...: inside the 3rd shard
       raise KeyboardInterrupt("killed")
     return original(unit, encoder)
 
@@ -259,7 +259,7 @@ def test_interrupted_datagen_leaves_no_shard_and_a_rerun_finishes(enwik8_data, t
     problem.generate_data(str(out), str(raw))
   pattern = problem.filepattern(str(out), lm.SPLITS["train"])
   visible = tf.io.gfile.glob(pattern)
-  assert len(visible) == 3  # only the complete shards carry T2T's names
+  assert len(visible) == 2  # only the complete shards carry T2T's names
   assert all(shards.shard_complete(p, "enwik8_length8k") for p in visible)
   monkeypatch.setattr(problem, "encode_unit", original)
   problem.generate_data(str(out), str(raw))
