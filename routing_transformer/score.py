@@ -63,9 +63,19 @@ def plan_windows(num_tokens, first, length, stride=None):
   return out
 
 
-def load_encoder(vocab):
-  """A SubwordTextEncoder from a vocab file path (local or gs://), or `vocab` if an encoder."""
+def load_encoder(vocab, problem=None, data_dir=None):
+  """The targets encoder: a SubwordTextEncoder from a vocab file path (local or gs://), `vocab`
+  itself if it is an encoder, or (vocab None) the registered T2T `problem`'s encoder."""
   from tensor2tensor.data_generators import text_encoder  # pylint: disable=g-import-not-at-top
+  if vocab is None and problem:
+    import problems  # pylint: disable=g-import-not-at-top,unused-import
+    from tensor2tensor.utils import registry  # pylint: disable=g-import-not-at-top
+    try:
+      return registry.problem(problem).feature_encoders(data_dir)["targets"]
+    except LookupError:
+      raise ScorerError("unknown problem %r; see t2t-trainer --registry_help" % problem)
+  if vocab is None:
+    raise ScorerError("pass --vocab (the subword vocab file) or --problem with --data_dir")
   if not isinstance(vocab, str):
     return vocab
   if not tf.io.gfile.exists(vocab):
@@ -118,20 +128,23 @@ def restore_map(graph_variables, stored):
 class Scorer(object):
   """Per-token log-likelihoods of texts under a checkpoint (numpy in, numpy out)."""
 
-  def __init__(self, checkpoint, hparams_set, vocab, hparams="", batch_size=1, stride=None,
-               model="routing_transformer", pg19_lines=False, append_eos=False):
+  def __init__(self, checkpoint, hparams_set, vocab=None, hparams="", batch_size=1, stride=None,
+               model="routing_transformer", pg19_lines=False, append_eos=False, problem=None,
+               data_dir=None):
     """Builds the model and restores the checkpoint.
 
     Args:
       checkpoint: checkpoint prefix or directory (ours or the original release's names).
       hparams_set: registered hparams set name, or an HParams object.
-      vocab: subword vocab file path, or a T2T TextEncoder.
+      vocab: subword vocab file path, or a T2T TextEncoder (None: the problem's encoder).
       hparams: "k=v,..." overrides of the set.
       batch_size: windows per session run.
       stride: chunk size for long texts (see module docstring); default max_target_length.
       model: "routing_transformer" or "sparse_transformer" (graph scope; both restore any names).
       pg19_lines: encode like the original PG-19 data (each line stripped, lines joined).
       append_eos: score an EOS after each text (the PG-19 examples end with one).
+      problem, data_dir: a registered T2T problem whose targets encoder (read from data_dir)
+        is used when `vocab` is None.
     """
     from routing_transformer import model as model_lib  # pylint: disable=g-import-not-at-top
     from tensor2tensor.data_generators import problem_hparams  # pylint: disable=g-import-not-at-top
@@ -139,7 +152,7 @@ class Scorer(object):
       self.checkpoint = checkpoints.find_checkpoint(checkpoint)
     except checkpoints.CheckpointError as e:
       raise ScorerError(str(e))
-    self.encoder = load_encoder(vocab)
+    self.encoder = load_encoder(vocab, problem, data_dir)
     if isinstance(hparams_set, str):
       try:
         hparams_set = checkpoints.hparams_from_flags(hparams_set, hparams)
@@ -261,7 +274,10 @@ def main(argv=None):
   parser.add_argument("--checkpoint", required=True, help="checkpoint prefix or directory")
   parser.add_argument("--hparams_set", required=True)
   parser.add_argument("--hparams", default="")
-  parser.add_argument("--vocab", required=True, help="subword vocab file")
+  parser.add_argument("--vocab", default=None, help="subword vocab file")
+  parser.add_argument("--problem", default=None,
+                      help="instead of --vocab: a T2T problem's encoder (e.g. pg19_length8k)")
+  parser.add_argument("--data_dir", default=None, help="data_dir of --problem (its vocab)")
   parser.add_argument("--text_file", required=True, action="append",
                       help="text file to score (repeatable)")
   parser.add_argument("--span_start", type=int, default=None,
@@ -290,7 +306,7 @@ def main(argv=None):
       pairs = [(texts[0][:start], texts[0][start:end])]
     scorer = Scorer(args.checkpoint, args.hparams_set, args.vocab, args.hparams,
                     args.batch_size, args.stride, pg19_lines=args.pg19_lines,
-                    append_eos=args.append_eos)
+                    append_eos=args.append_eos, problem=args.problem, data_dir=args.data_dir)
     if span:
       scores, texts = scorer.score_spans(pairs), [pairs[0][1]]
     else:

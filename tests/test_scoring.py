@@ -154,6 +154,10 @@ def test_cli_prints_json_and_one_line_errors(vocab_file, tmp_path, capsys):
   tokens = encoder.decode_list(encoder.encode("while dogs ran far away\n"))
   assert [t for t, _ in entry["per_token"]] == tokens
   assert entry["total_nll"] == pytest.approx(-sum(v for _, v in entry["per_token"]), rel=1e-5)
+  with pytest.raises(score.ScorerError, match="pass --vocab"):
+    score.load_encoder(None)
+  with pytest.raises(score.ScorerError, match="unknown problem"):
+    score.load_encoder(None, "no_such_problem")
   for args, message in [
       (["--vocab", str(tmp_path / "none")], "vocab file"),
       (["--checkpoint", str(tmp_path / "none")], "not found"),
