@@ -132,7 +132,7 @@ def model_variables(hparams, vocab_size, model="routing_transformer",
   from tensor2tensor.data_generators import problem_hparams  # pylint: disable=g-import-not-at-top
   cls = {"routing_transformer": model_lib.RoutingTransformer,
          "sparse_transformer": model_lib.SparseTransformer}[model]
-  hparams = _copy_hparams(hparams)
+  hparams = copy_hparams(hparams)
   length = hparams.max_target_length or hparams.max_length
   with tf.Graph().as_default():
     p_hparams = problem_hparams.test_problem_hparams(vocab_size, vocab_size, hparams)
@@ -141,7 +141,8 @@ def model_variables(hparams, vocab_size, model="routing_transformer",
     return {v.op.name: tuple(v.shape.as_list()) for v in tf1.global_variables()}
 
 
-def _copy_hparams(hparams):
+def copy_hparams(hparams):
+  """An independent copy of an HParams object."""
   from tensor2tensor.utils import hparam  # pylint: disable=g-import-not-at-top
   return hparam.HParams(**hparams.values())
 
@@ -172,8 +173,9 @@ def describe(report, limit=20):
     return ", ".join(str(i) for i in items[:limit]) + more
 
   kept = sum(1 for v in report.slots.values() if v)
-  lines = ["model variables: %d renamed/kept; optimizer slots: %d mapped, %d dropped; global_step: %s"
-           % (len(report.renamed), kept, len(report.slots) - kept, report.global_step)]
+  lines = ["model variables: %d renamed/kept; optimizer slots: %d mapped, %d dropped; "
+           "global_step: %s" % (len(report.renamed), kept, len(report.slots) - kept,
+                                report.global_step)]
   if report.missing:
     lines.append("MISSING in the checkpoint (%d): %s" % (len(report.missing),
                                                         listing(report.missing)))
@@ -307,7 +309,7 @@ def convert(source, output_dir, hparams=None, model="routing_transformer",
   step = int(reader.get_tensor(GLOBAL_STEP)) if GLOBAL_STEP in variables else 0
   report = report._replace(global_step=step)
   if not _ok(report) or (strict and report.unused):
-    raise CheckpointError("cannot convert %s:\n%s" % (source, describe(report)))
+    raise CheckpointError("cannot convert %s: %s" % (source, describe(report).replace("\n", "; ")))
   if not overwrite and tf.io.gfile.isdir(output_dir) and tf.train.latest_checkpoint(output_dir):
     raise CheckpointError("%s already holds a checkpoint; choose an empty directory or pass "
                           "--overwrite" % output_dir)

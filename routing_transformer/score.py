@@ -6,7 +6,8 @@
     scorer.summary([text])                      # -> total NLL, token/word perplexity, bits
 
     python -m routing_transformer.score --checkpoint DIR --hparams_set pg19_local_cluster8k \\
-        --vocab vocab.pg19_length8k.32768.subwords --text_file book.txt [--span_start C --span_end C]
+        --vocab vocab.pg19_length8k.32768.subwords --text_file book.txt \\
+        [--span_start C --span_end C]
 
 The model is built once in its own tf.compat.v1 graph and session (exactly how T2T restores
 checkpoints); callers pass strings and get numpy arrays. Checkpoints written by t2t-trainer under
@@ -158,8 +159,10 @@ class Scorer(object):
         hparams_set = checkpoints.hparams_from_flags(hparams_set, hparams)
       except checkpoints.CheckpointError as e:
         raise ScorerError(str(e))
-    elif hparams:
-      hparams_set.parse(hparams)
+    else:
+      hparams_set = checkpoints.copy_hparams(hparams_set)
+      if hparams:
+        hparams_set.parse(hparams)
     self.hparams = hparams_set
     try:
       model_lib.check_hparams(self.hparams)
