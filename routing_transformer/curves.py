@@ -1,4 +1,4 @@
-"""Training curves of t2t-trainer runs: loss vs step and vs wall time, in one PNG.
+"""Training curves of t2t-trainer runs: loss vs step and vs wall time (log scale), in one PNG.
 
     python -m routing_transformer.curves --out curves.png routing=RUN_A local=RUN_B [--tag loss]
 
@@ -66,7 +66,8 @@ def plot_runs(runs, path, tag=TAG):
   by_step.set_xlabel("step")
   by_time.set_xlabel("wall time (minutes)")
   for ax in (by_step, by_time):
-    ax.set_ylabel(tag)
+    ax.set_yscale("log")  # the first steps' drop would flatten everything after it
+    ax.set_ylabel(tag + " (log scale)")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
   fig.tight_layout()
