@@ -9,5 +9,6 @@ from tensor2tensor.utils import registry
 _BEFORE = set(registry.list_hparams())
 from hparams import base
 from hparams import sets
+from hparams import mtf  # routing_transformer_mtf sets
 
 PROJECT_SETS = tuple(sorted(set(registry.list_hparams()) - _BEFORE))  # names of our sets
