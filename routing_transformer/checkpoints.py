@@ -13,7 +13,8 @@ reads with `tf.train.load_checkpoint` (tf.io.gfile: local or gs:// paths), renam
 and shapes against our model built from the hparams (vocab size taken from the checkpoint), and
 writes OUT_DIR/model.ckpt-<global_step> plus the `checkpoint` index file, which `t2t-decoder` /
 `t2t-trainer --model=routing_transformer --output_dir=OUT_DIR` restore. Adafactor slots are dropped
-(default) or renamed with their variable (`--optimizer_slots=map`, to continue training).
+(default) or renamed with their variable (`--optimizer_slots=map`, to continue training with
+t2t-trainer, which also gets the bookkeeping variables it restores: `TRAINER_STATE`).
 """
 import argparse
 import collections
@@ -28,6 +29,14 @@ tf1 = tf.compat.v1
 
 ORIGINAL_MODEL = "sparse_transformer"
 GLOBAL_STEP = "global_step"
+# Variables stock t2t-trainer creates outside TPU (t2t_model.create_dummy_vars) and restores when
+# training resumes, with T2T's initial values; kept or added with optimizer_slots="map".
+TRAINER_STATE = {
+    "losses_avg/problem_0/total_loss": np.float32(100.0),
+    "losses_avg/problem_0/extra_loss": np.float32(100.0),
+    "losses_avg/problem_0/training_loss": np.float32(100.0),
+    "train_stats/problem_0_steps": np.int32(0),
+}
 
 # Placeholders of the name templates below: {name} matches the regex.
 _FIELDS = {
@@ -96,6 +105,11 @@ def to_original(name):
   return "%s/body/%s" % (ORIGINAL_MODEL, rest)
 
 
+def _is_kmeans(name):
+  """Centroid variables: updated by EMA, not by the optimizer (no slots)."""
+  return re.search(r"/(%s)\Z" % _FIELDS["kmeans"], name) is not None
+
+
 def _is_model_variable(name, scope):
   return name.startswith(scope + "/body/")
 
@@ -148,7 +162,8 @@ def copy_hparams(hparams):
 
 
 Report = collections.namedtuple(
-    "Report", ["renamed", "missing", "unused", "shape_mismatches", "slots", "global_step"])
+    "Report", ["renamed", "missing", "unused", "shape_mismatches", "slots", "global_step",
+               "zero_slots"])
 Report.__doc__ = """What a conversion found.
 
 renamed: {original name: our name} of the model variables written.
@@ -156,8 +171,10 @@ missing: our model's variables the checkpoint lacks (sorted names).
 unused: checkpoint variables that are neither model variables our model has, nor optimizer slots,
   nor global_step.
 shape_mismatches: [(our name, checkpoint shape, our shape)].
-slots: {original name: our name or None (dropped)} of optimizer slot variables.
+slots: {checkpoint name: written name or None (dropped)} of optimizer slots
+  (`[prefix/]<model variable>/<slot>`, e.g. `training/.../kernel/Adafactor`) and TRAINER_STATE.
 global_step: int or None.
+zero_slots: Adafactor slots the checkpoint lacked, written as zeros (Adafactor's initial state).
 """
 
 
@@ -173,9 +190,12 @@ def describe(report, limit=20):
     return ", ".join(str(i) for i in items[:limit]) + more
 
   kept = sum(1 for v in report.slots.values() if v)
-  lines = ["model variables: %d renamed/kept; optimizer slots: %d mapped, %d dropped; "
-           "global_step: %s" % (len(report.renamed), kept, len(report.slots) - kept,
+  lines = ["model variables: %d renamed/kept; optimizer slots and trainer state: %d kept, "
+           "%d dropped; global_step: %s" % (len(report.renamed), kept, len(report.slots) - kept,
                                 report.global_step)]
+  if report.zero_slots:
+    lines.append("Adafactor slots the checkpoint lacked, written as zeros: %d"
+                 % len(report.zero_slots))
   if report.missing:
     lines.append("MISSING in the checkpoint (%d): %s" % (len(report.missing),
                                                         listing(report.missing)))
@@ -189,12 +209,15 @@ def describe(report, limit=20):
   return "\n".join(lines)
 
 
-def _owner(name, leaves):
-  """The model variable a slot `<variable>/<slot>` belongs to, or None for a model variable."""
-  parts = name.split("/")
+def _owner(name, leaves, scope):
+  """(prefix, model variable) of a slot `[prefix/]<model variable>/<slot>`, or None."""
+  start = name.find(scope + "/body/")
+  if start < 0 or (start and name[start - 1] != "/"):
+    return None
+  parts = name[start:].split("/")
   for i in range(1, len(parts)):
     if "/".join(parts[:i]) in leaves:
-      return "/".join(parts[:i])
+      return name[:start], "/".join(parts[:i])
   return None
 
 
@@ -233,10 +256,11 @@ def plan(variables, hparams=None, model="routing_transformer", optimizer_slots="
       return from_original(name, model)
     return from_original(to_original(name), model)
 
-  leaves = {n for n in variables if _is_model_variable(n, scope)}
-  slot_owner = {n: _owner(n, leaves) for n in leaves}
+  candidates = {n for n in variables if _is_model_variable(n, scope)}
+  leaves = {n for n in candidates if _owner(n, candidates, scope) is None}
+  slot_owner = {n: _owner(n, leaves, scope) for n in variables if n not in leaves}
   slot_owner = {n: o for n, o in slot_owner.items() if o is not None}
-  owners = sorted(leaves - set(slot_owner))
+  owners = sorted(leaves)
   renamed = {name: ours(name) for name in owners}
 
   expected = None
@@ -259,18 +283,46 @@ def plan(variables, hparams=None, model="routing_transformer", optimizer_slots="
       del renamed[name]
   else:
     unused_model = []
-  trainable_targets = {v for v in renamed.values()
-                       if not re.search(r"/(%s)\Z" % _FIELDS["kmeans"], v)}
+  trainable_targets = {v for v in renamed.values() if not _is_kmeans(v)}
   slots = {}
-  for name, owner in slot_owner.items():
+  for name, (prefix, owner) in slot_owner.items():
     target = renamed.get(owner)
     if optimizer_slots == "map" and target in trainable_targets:
-      slots[name] = target + name[len(owner):]
+      slots[name] = prefix + target + name[len(prefix) + len(owner):]
     else:
       slots[name] = None
-  others = sorted(n for n in variables if n not in leaves and n != GLOBAL_STEP)
+  for name in TRAINER_STATE:
+    if name in variables:
+      slots[name] = name if optimizer_slots == "map" else None
+  others = sorted(n for n in variables
+                  if n not in leaves and n not in slots and n != GLOBAL_STEP)
   return Report(renamed=renamed, missing=missing, unused=unused_model + others,
-                shape_mismatches=mismatches, slots=slots, global_step=None)
+                shape_mismatches=mismatches, slots=slots, global_step=None, zero_slots=[])
+
+
+def adafactor_slots(name, shape, factored=True):
+  """{slot name: shape} T2T's Adafactor (beta1 = 0) gives a variable under t2t-trainer's
+  `training/` scope: factored second moments vr, vc for matrices, else v."""
+  base = "training/%s/Adafactor" % name
+  if factored and len(shape) >= 2:
+    return {base: tuple(shape[:-1]), base + "_1": tuple(shape[:-2]) + tuple(shape[-1:])}
+  return {base: tuple(shape)}
+
+
+def _zero_slots(report, variables, hparams, written):
+  """Zero Adafactor slots for mapped trainable variables whose slots the checkpoint lacks."""
+  if hparams is None or hparams.optimizer.lower() != "adafactor" or \
+      hparams.optimizer_adafactor_beta1:
+    return {}
+  out = {}
+  for orig, ours in report.renamed.items():
+    if _is_kmeans(ours):
+      continue
+    for name, shape in adafactor_slots(ours, variables[orig][0],
+                                       hparams.optimizer_adafactor_factored).items():
+      if name not in written:
+        out[name] = np.zeros(shape, np.float32)
+  return out
 
 
 def write_checkpoint(prefix, tensors):
@@ -315,6 +367,12 @@ def convert(source, output_dir, hparams=None, model="routing_transformer",
                           "--overwrite" % output_dir)
   tensors = {ours: reader.get_tensor(orig) for orig, ours in report.renamed.items()}
   tensors.update({ours: reader.get_tensor(orig) for orig, ours in report.slots.items() if ours})
+  if optimizer_slots == "map":
+    for name, value in TRAINER_STATE.items():
+      tensors.setdefault(name, np.asarray(value))
+    zeros = _zero_slots(report, variables, hparams, tensors)
+    tensors.update(zeros)
+    report = report._replace(zero_slots=sorted(zeros))
   tensors[GLOBAL_STEP] = np.asarray(step, np.int64)
   tf.io.gfile.makedirs(output_dir)
   prefix = os.path.join(output_dir, "model.ckpt-%d" % step)

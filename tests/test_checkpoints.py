@@ -48,8 +48,10 @@ def reference_hparams():
 
 
 def adafactor_slots(name, shape):
-  """T2T Adafactor slot names/shapes of one variable (factored: vr, vc; else v)."""
+  """T2T Adafactor slot names/shapes of one variable (factored: vr, vc; else v); the slots of
+  matrices carry the `training/` name scope that TF2's t2t-trainer gives them."""
   if len(shape) >= 2:
+    name = "training/" + name
     return {name + "/Adafactor": shape[:-1], name + "/Adafactor_1": shape[:-2] + shape[-1:]}
   return {name + "/Adafactor": shape}
 
@@ -159,7 +161,12 @@ def test_sparse_transformer_scope_keeps_original_names(original, tmp_path):
   assert not report.missing and not report.unused
   stored = checkpoints.read_variables(written)
   head = "sparse_transformer/body/decoder_layer_0/self_attention/self_attention/head_dense/kernel"
-  assert head in stored and head + "/Adafactor_1" in stored  # slots renamed with their variable
+  assert head in stored and "training/" + head + "/Adafactor_1" in stored  # renamed with it
+  bias = "sparse_transformer/body/final_dense_2/bias"
+  assert stored[bias + "/Adafactor"][0] == (VOCAB,)
+  assert set(checkpoints.TRAINER_STATE) <= set(stored)  # what t2t-trainer restores to resume
+  assert "training/" + bias + "/Adafactor" in report.zero_slots  # the slots t2t-trainer wants
+  assert stored["training/" + bias + "/Adafactor"][0] == (VOCAB,)
   means = ("sparse_transformer/body/decoder_layer_1/self_attention/self_attention/routing/"
            "cluster_attention/means")
   assert means in stored and means + "/Adafactor" not in stored  # EMA centroids: no slots
