@@ -36,8 +36,9 @@ def peer_python(venv=PEER_VENV):
   """The peer venv's python, creating and filling the venv on first use."""
   python = os.path.join(venv, "bin", "python")
   check = [python, "-c", "import torch, routing_transformer; print(torch.__version__)"]
+  # Run from inside the venv: from the repo root `routing_transformer` would be ours.
   if os.path.exists(python):
-    done = subprocess.run(check, capture_output=True, text=True)
+    done = subprocess.run(check, capture_output=True, text=True, cwd=venv)
     if done.returncode == 0 and done.stdout.strip().startswith(TORCH_VERSION):
       return python
   print("peers: setting up %s (%s)" % (venv, ", ".join(PEER_PACKAGES)), flush=True)
@@ -47,7 +48,7 @@ def peer_python(venv=PEER_VENV):
   with open(constraints, "w") as f:
     f.write("torch==%s\n" % TORCH_VERSION)
   subprocess.check_call([python, "-m", "pip", "install", "-q", "-c", constraints] + PEER_PACKAGES)
-  done = subprocess.run(check, capture_output=True, text=True)
+  done = subprocess.run(check, capture_output=True, text=True, cwd=venv)
   if done.returncode or not done.stdout.strip().startswith(TORCH_VERSION):
     sys.exit("peers: the peer venv %s does not import torch %s + routing_transformer; delete it "
              "and rerun (%s)" % (venv, TORCH_VERSION, (done.stderr or done.stdout).strip()
@@ -131,7 +132,7 @@ def main(argv=None):
   done = subprocess.run([python, os.path.abspath(__file__), "--worker", "--steps",
                          str(args.steps), "--warmup", str(args.warmup), "--length",
                          str(args.length), "--threads", str(args.threads)],
-                        capture_output=True, text=True)
+                        capture_output=True, text=True, cwd=os.path.dirname(python))
   if done.returncode:
     sys.exit("peers: the PyTorch side failed: %s" % done.stderr.strip().splitlines()[-1:])
   peer = json.loads(done.stdout.strip().splitlines()[-1])
