@@ -35,7 +35,30 @@ def int_feature(ids):
   return [int(i) for i in ids]
 
 
-class LanguageModelProblem(problem.Problem):
+class RecordsCheck(object):
+  """Problem mixin: reading a split whose records are missing raises a DataError naming the
+  t2t-datagen command (instead of an empty dataset or a deep TF error)."""
+
+  how_to_get = ""
+
+  def require_records(self, data_dir, dataset_split):
+    pattern = self.filepattern(data_dir, dataset_split)
+    if not tf.io.gfile.glob(pattern):
+      raise DataError(
+          "%s: no records match %s. Generate them first: t2t-datagen "
+          "--t2t_usr_dir=t2t_usr_dir --problem=%s --data_dir=%s --tmp_dir=<raw data>. %s"
+          % (self.name, pattern, self.name, data_dir, self.how_to_get))
+
+  def dataset(self, mode, data_dir=None, *args, **kwargs):  # pylint: disable=keyword-arg-before-vararg
+    split = kwargs.get("dataset_split") or (
+        problem.DatasetSplit.TRAIN if mode == tf.estimator.ModeKeys.TRAIN
+        else problem.DatasetSplit.EVAL)
+    if data_dir:
+      self.require_records(data_dir, split)
+    return super().dataset(mode, data_dir, *args, **kwargs)
+
+
+class LanguageModelProblem(RecordsCheck, problem.Problem):
   """Records {"targets": ids}; subclasses set `length`, `num_shards` and the source hooks."""
 
   length = 8192
@@ -103,22 +126,6 @@ class LanguageModelProblem(problem.Problem):
 
   def example_reading_spec(self):
     return {"targets": tf.VarLenFeature(tf.int64)}, None
-
-  def require_records(self, data_dir, dataset_split):
-    pattern = self.filepattern(data_dir, dataset_split)
-    if not tf.io.gfile.glob(pattern):
-      raise DataError(
-          "%s: no records match %s. Generate them first: t2t-datagen "
-          "--t2t_usr_dir=t2t_usr_dir --problem=%s --data_dir=%s --tmp_dir=<raw data>. %s"
-          % (self.name, pattern, self.name, data_dir, self.how_to_get))
-
-  def dataset(self, mode, data_dir=None, *args, **kwargs):  # pylint: disable=keyword-arg-before-vararg
-    split = kwargs.get("dataset_split") or (
-        problem.DatasetSplit.TRAIN if mode == tf.estimator.ModeKeys.TRAIN
-        else problem.DatasetSplit.EVAL)
-    if data_dir:
-      self.require_records(data_dir, split)
-    return super().dataset(mode, data_dir, *args, **kwargs)
 
 
 def vocab_path(data_dir, filename, problem_name):

@@ -16,12 +16,14 @@ Ids: 0 padding, 1 EOS (reserved, unused), then keys, values and fillers.
 import numpy as np
 import tensorflow.compat.v1 as tf
 
-from tensor2tensor.data_generators import generator_utils
 from tensor2tensor.data_generators import problem
 from tensor2tensor.data_generators import text_encoder
 from tensor2tensor.layers import common_layers
 from tensor2tensor.layers import modalities
 from tensor2tensor.utils import registry
+
+from problems import lm
+from problems import shards
 
 LENGTH = 512
 NUM_PAIRS = 16
@@ -162,7 +164,7 @@ def near_accuracy(predictions, labels, weights_fn=None):
 
 
 @registry.register_problem
-class SyntheticLongRange(problem.Problem):
+class SyntheticLongRange(lm.RecordsCheck, problem.Problem):
   """Key-value recall across `LENGTH` tokens (T2T name: synthetic_long_range)."""
 
   num_train = 20000
@@ -184,11 +186,15 @@ class SyntheticLongRange(problem.Problem):
     return True
 
   def generate_data(self, data_dir, tmp_dir, task_id=-1):
+    """Writes the splits restartably (`problems.shards`): complete shards are kept."""
     del tmp_dir, task_id
+    tf.io.gfile.makedirs(data_dir)
     for split in self.dataset_splits:
       paths = self.data_filepaths(split["split"], data_dir, split["shards"], shuffled=True)
       samples = generate_samples(split["seed"], split["num"])
-      generator_utils.generate_files(({"targets": row.tolist()} for row in samples), paths)
+      shards.write_split(paths, self.dataset_filename(), list(samples),
+                         lambda row: ([{"targets": row.tolist()}], {"tokens": len(row)}),
+                         "%s %s" % (self.name, split["split"]), "sequences", shuffle=False)
 
   def feature_encoders(self, data_dir):
     del data_dir
