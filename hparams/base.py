@@ -79,5 +79,6 @@ def sparse_transformer_local():
       nucleus_sampling=0.9,
       sampling_keep_top_k=-1,
       fast_decode=True,
+      nan_guard=True,            # stop at a non-finite loss/gradient/centroid (health.py)
   )
   return hparams

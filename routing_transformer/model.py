@@ -15,6 +15,7 @@ import collections
 import tensorflow as tf
 
 from routing_transformer import compat
+from routing_transformer import health
 from routing_transformer import kmeans
 from routing_transformer import layers
 
@@ -227,6 +228,14 @@ class RoutingTransformer(t2t_model.T2TModel):
     check_hparams(self.hparams)
     return decoding.infer(self, features, decode_length, beam_size=beam_size,
                           top_beams=top_beams, alpha=alpha)
+
+  def optimize(self, loss, num_async_replicas=1, use_tpu=False, variables=None):
+    """T2T's optimizer, with the non-finite guard of `health` unless nan_guard=False or TPU."""
+    if use_tpu or not self.hparams.get("nan_guard", True):
+      return super().optimize(loss, num_async_replicas, use_tpu, variables)
+    centroids = [v for v in tf1.global_variables() if v.op.name.endswith("/means")]
+    with health.guarding(loss, centroids):
+      return super().optimize(loss, num_async_replicas, use_tpu, variables)
 
   def model_fn_sharded(self, sharded_features):
     self._kmeans_steps = collections.OrderedDict()

@@ -188,8 +188,15 @@ def install_error_hook():
     return
 
   def hook(kind, value, traceback):
+    from routing_transformer import health  # pylint: disable=g-import-not-at-top
     if getattr(value, "one_line", False):
       sys.stderr.write("error: %s\n" % value)
+      return
+    nonfinite = health.one_line(value)
+    if nonfinite:
+      sys.stderr.write("error: training stopped: %s. No checkpoint was written for this step; "
+                       "restart from the last checkpoint with a lower learning rate (or "
+                       "clip_grad_norm), or set nan_guard=False to let it run.\n" % nonfinite)
       return
     previous(kind, value, traceback)
 

@@ -1,0 +1,85 @@
+"""The non-finite guard: a step with a NaN loss, gradient or centroid fails before it updates
+anything, names the family and the step, and leaves the last checkpoint healthy."""
+import numpy as np
+import pytest
+import tensorflow.compat.v1 as tf
+
+import t2t_usr_dir  # pylint: disable=unused-import
+from routing_transformer import health
+from tensor2tensor.data_generators import problem_hparams
+from tensor2tensor.utils import registry
+from tensor2tensor.utils import trainer_lib
+
+
+def build_training(hparams_set="routing_transformer_test", overrides=""):
+  """Tiny model in TRAIN mode; returns (train_op, loss scale and gradient-poison placeholders)."""
+  hp = trainer_lib.create_hparams(hparams_set, overrides)
+  hp.problem_hparams = problem_hparams.test_problem_hparams(40, 40, hp)
+  model = registry.model("routing_transformer")(hp, tf.estimator.ModeKeys.TRAIN,
+                                                hp.problem_hparams)
+  ids = tf.constant(np.random.RandomState(0).randint(2, 40, size=(2, 64, 1, 1)), tf.int32)
+  _, losses = model({"targets": ids, "inputs": ids})
+  loss = tf.add_n(list(losses.values()))
+  scale = tf.placeholder_with_default(1.0, [])
+  poison = tf.placeholder_with_default(1.0, [])
+  first = tf.trainable_variables()[0]
+  # poison = 0: the loss stays finite (sqrt(0) * 1) but its gradient is inf * 0 = NaN;
+  # poison = 1 adds sqrt(S) * 0 = 0 with a zero gradient.
+  loss = loss * scale + tf.sqrt(poison * tf.reduce_sum(tf.square(first))) * (1.0 - poison)
+  return model.optimize(loss), scale, poison, first
+
+
+def test_nan_loss_and_gradient_stop_the_step_without_a_poisoned_checkpoint(tmp_path):
+  with tf.Graph().as_default():
+    train_op, scale, poison, first = build_training()
+    with tf.train.MonitoredTrainingSession(checkpoint_dir=str(tmp_path),
+                                           save_checkpoint_steps=1,
+                                           save_summaries_steps=None) as sess:
+      for _ in range(2):
+        sess.run(train_op)
+      before = sess.run(first)
+      with pytest.raises(tf.errors.InvalidArgumentError) as loss_error:
+        sess.run(train_op, {scale: float("nan")})
+    assert health.one_line(loss_error.value).startswith(health.MARKER + ": step ")
+    assert health.one_line(loss_error.value).endswith("non-finite loss")
+    latest = tf.train.latest_checkpoint(str(tmp_path))
+    reader = tf.train.load_checkpoint(latest)
+    np.testing.assert_array_equal(reader.get_tensor(first.op.name), before)
+    for name in reader.get_variable_to_shape_map():
+      value = reader.get_tensor(name)
+      if isinstance(value, np.ndarray) and value.dtype.kind == "f":
+        assert np.all(np.isfinite(value)), name
+
+  with tf.Graph().as_default():
+    train_op, scale, poison, first = build_training()
+    with tf.Session() as sess:
+      sess.run(tf.global_variables_initializer())
+      before = sess.run(first)
+      with pytest.raises(tf.errors.InvalidArgumentError) as grad_error:
+        sess.run(train_op, {poison: 0.0})
+      np.testing.assert_array_equal(sess.run(first), before)  # the step applied nothing
+  message = health.one_line(grad_error.value)
+  assert "non-finite gradients (first: %s)" % first.op.name in message
+
+
+def test_check_names_the_first_non_finite_centroid():
+  with tf.Graph().as_default():
+    good = tf.constant([1.0, 2.0], name="good/means")
+    bad = tf.constant([[1.0, np.nan]], name="decoder_layer_1/means")
+    var = tf.Variable(1.0, name="w")
+    assertion = health.check(tf.constant(1.0), [(tf.constant(0.5), var)], [good, bad],
+                             tf.constant(7, tf.int64))
+    with tf.Session() as sess:
+      sess.run(tf.global_variables_initializer())
+      with pytest.raises(tf.errors.InvalidArgumentError) as error:
+        sess.run(assertion)
+  assert health.one_line(error.value) == (
+      health.MARKER + ": step 7: non-finite centroids (first: decoder_layer_1/means)")
+
+
+def test_guard_can_be_switched_off():
+  with tf.Graph().as_default():
+    train_op, scale, _, _ = build_training(overrides="nan_guard=False")
+    with tf.Session() as sess:
+      sess.run(tf.global_variables_initializer())
+      sess.run(train_op, {scale: float("nan")})  # no check: the step runs
