@@ -19,9 +19,11 @@ import hparams  # registers the hparams sets
 import problems  # registers the problems
 from routing_transformer import model  # registers routing_transformer / sparse_transformer
 from routing_transformer import t2t_glue
+from routing_transformer.mtf import estimator as mtf_estimator  # routing_transformer_mtf
 
 t2t_glue.guard_create_hparams()
 t2t_glue.add_sampling_decode_hparams()
 t2t_glue.guard_decode_from_file()
 t2t_glue.guard_create_estimator()
 t2t_glue.install_error_hook()
+mtf_estimator.guard_create_hparams()
