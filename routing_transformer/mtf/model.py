@@ -183,7 +183,7 @@ class MtfRoutingTransformer(object):
                            fan_out or int(np.prod([d.size for d in out_dims])))
       y = mtf.einsum([x, kernel], output_shape=(x.shape - in_dim) + out_dims)
       if use_bias:
-        y += self.bias("bias", out_dims[-1]) if len(out_dims) == 1 else 0.0
+        y += self.bias("bias", out_dims[-1])
     return y
 
   def dropout(self, x, rate):
