@@ -80,5 +80,6 @@ def sparse_transformer_local():
       sampling_keep_top_k=-1,
       fast_decode=True,
       nan_guard=True,            # stop at a non-finite loss/gradient/centroid (health.py)
+      skip_corrupt_records=False,  # True: skip corrupt/truncated TFRecords with a warning
   )
   return hparams

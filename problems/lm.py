@@ -55,7 +55,13 @@ class RecordsCheck(object):
         else problem.DatasetSplit.EVAL)
     if data_dir:
       self.require_records(data_dir, split)
-    return super().dataset(mode, data_dir, *args, **kwargs)
+    ds = super().dataset(mode, data_dir, *args, **kwargs)
+    hparams = kwargs.get("hparams")
+    if hparams is not None and hparams.get("skip_corrupt_records", False):
+      tf.logging.warning("%s: skipping corrupt or truncated records (skip_corrupt_records=True)",
+                         self.name)
+      ds = ds.apply(tf.data.experimental.ignore_errors(log_warning=True))
+    return ds
 
 
 class LanguageModelProblem(RecordsCheck, problem.Problem):

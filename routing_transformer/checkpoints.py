@@ -60,6 +60,11 @@ class CheckpointError(ValueError):
   """A checkpoint that cannot be converted or restored; the message names the fix."""
 
 
+class CheckpointMismatchError(CheckpointError):
+  """A checkpoint in the output directory cannot be restored into the model being built."""
+  one_line = True
+
+
 def _compile(template):
   """'{attn}/x' -> regex with named groups matching the whole name."""
   pattern = re.escape(template)
@@ -130,6 +135,38 @@ def find_checkpoint(path):
     raise CheckpointError("checkpoint %s not found (no %s.index); pass a checkpoint prefix or the "
                           "directory holding it" % (path, path))
   return path
+
+
+def restore_mismatches(stored, variables):
+  """Graph variables a checkpoint cannot restore: [(name, stored shape or None, graph shape)].
+
+  stored: {name: (shape, dtype)} as from `read_variables`; variables: tf Variables of a graph.
+  """
+  out = []
+  for v in variables:
+    name, shape = v.op.name, tuple(v.shape.as_list())
+    if name not in stored:
+      out.append((name, None, shape))
+    elif tuple(stored[name][0]) != shape:
+      out.append((name, tuple(stored[name][0]), shape))
+  return out
+
+
+def check_restorable(model_dir, variables, limit=8):
+  """Raises CheckpointMismatchError when the latest checkpoint in `model_dir` (if any) cannot
+  restore `variables`, e.g. a checkpoint written with another hparams set."""
+  latest = tf.train.latest_checkpoint(model_dir) if model_dir else None
+  if not latest:
+    return
+  bad = restore_mismatches(read_variables(latest), variables)
+  if bad:
+    shown = ["%s (checkpoint %s, model %s)" % (n, "missing" if s is None else list(s), list(g))
+             for n, s, g in bad[:limit]]
+    raise CheckpointMismatchError(
+        "the checkpoint %s does not fit this model: %d variable(s) differ: %s%s. It was written "
+        "with other hparams (or model); use the same --hparams_set/--hparams, or a new "
+        "--output_dir." % (latest, len(bad), "; ".join(shown),
+                           " ..." if len(bad) > limit else ""))
 
 
 def read_variables(path):

@@ -5,6 +5,7 @@ body runs (after the input pipeline is built). `guard_create_hparams()` wraps th
 unknown hparams set, or hparams our models cannot run with, end the program at once with one
 clear line instead of a traceback from inside the Estimator.
 """
+import re
 import sys
 
 from absl import flags
@@ -178,6 +179,55 @@ def guard_create_estimator():
   trainer_lib.create_estimator = create_estimator
 
 
+_KINDS = {"problems": "problem", "env_problems": "problem", "models": "model",
+          "hparams": "hparams set", "ranged_hparams": "ranged hparams set"}
+
+
+def unknown_name_message(error):
+  """One line for T2T's KeyError 'X never registered with registry Y. Available: ...'."""
+  if not isinstance(error, KeyError):
+    return None
+  match = re.search(r"(\S+) never registered with registry (\w+)", str(error))
+  if not match:
+    return None
+  name, kind = match.group(1).strip("'\""), _KINDS.get(match.group(2), match.group(2))
+  ours = {"problem": "problems.PROJECT_PROBLEMS", "model": None,
+          "hparams set": "hparams.PROJECT_SETS"}.get(kind)
+  listing = ""
+  if kind == "model":
+    listing = "routing_transformer, sparse_transformer, routing_transformer_mtf"
+  elif ours:
+    module, attr = ours.split(".")
+    try:
+      names = getattr(__import__(module), attr)
+      listing = ", ".join(n for n in names if not n.startswith("cifar10_routing_h"))
+    except (ImportError, AttributeError):
+      listing = ""
+  return ("unknown %s %r. This project's: %s (all registered names: t2t-trainer "
+          "--registry_help)." % (kind, name, listing or "-"))
+
+
+ONE_LINE_ERRORS = ("DataError", "CheckpointMismatchError", "HParamsError")
+
+
+def wrapped_one_line(error):
+  """The message of a one-line error that autograph re-raised inside a StagingError, or None."""
+  match = re.search(r"\b(%s): (.*)" % "|".join(ONE_LINE_ERRORS), str(error))
+  return match.group(2).strip() if match else None
+
+
+def corrupt_record_message(error):
+  """One line for TF's DataLossError on a corrupt or truncated TFRecord shard, or None."""
+  text = str(error)
+  if type(error).__name__ != "DataLossError" and "corrupted record" not in text:
+    return None
+  detail = text.strip().splitlines()[0] if text.strip() else type(error).__name__
+  return ("a TFRecord shard is corrupt or truncated (%s). Delete that shard and its stats file "
+          "(<data_dir>/<problem>-stats/) and re-run t2t-datagen, which rewrites only missing "
+          "shards; or pass --hparams=skip_corrupt_records=True to skip bad records with a "
+          "warning." % detail)
+
+
 def install_error_hook():
   """Uncaught errors marked `one_line` (e.g. problems.errors.DataError) print as one line.
 
@@ -191,6 +241,18 @@ def install_error_hook():
     from routing_transformer import health  # pylint: disable=g-import-not-at-top
     if getattr(value, "one_line", False):
       sys.stderr.write("error: %s\n" % value)
+      return
+    wrapped = wrapped_one_line(value)
+    if wrapped:
+      sys.stderr.write("error: %s\n" % wrapped)
+      return
+    unknown = unknown_name_message(value)
+    if unknown:
+      sys.stderr.write("error: %s\n" % unknown)
+      return
+    corrupt = corrupt_record_message(value)
+    if corrupt:
+      sys.stderr.write("error: %s\n" % corrupt)
       return
     nonfinite = health.one_line(value)
     if nonfinite:

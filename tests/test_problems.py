@@ -426,3 +426,37 @@ def test_word_level_perplexity_matches_hand_computation(pg19, tmp_path):
   assert report["word_perplexity"] == pytest.approx(math.exp(total / words), rel=1e-3)
   assert report["token_perplexity"] == pytest.approx(math.exp(total / tokens), rel=1e-4)
   assert report["bits_per_word"] == pytest.approx(total / words / math.log(2), rel=1e-4)
+
+
+def test_corrupt_shard_fails_clearly_or_is_skipped_when_asked(tmp_path):
+  from tensor2tensor.utils import trainer_lib  # pylint: disable=g-import-not-at-top
+  from routing_transformer import t2t_glue  # pylint: disable=g-import-not-at-top
+  from problems import synthetic  # pylint: disable=g-import-not-at-top
+  problem = synthetic.SyntheticLongRange()
+  problem.num_train, problem.num_eval = 40, 8
+  problem.generate_data(str(tmp_path), str(tmp_path))
+  shard = sorted(glob.glob(str(tmp_path / "synthetic_long_range-dev*")))[0]
+  data = bytearray(open(shard, "rb").read())
+  data[len(data) // 2] ^= 0xFF  # one flipped byte: that record's CRC fails
+  with open(shard, "wb") as f:
+    f.write(bytes(data))
+
+  def read_all(overrides):
+    hp = trainer_lib.create_hparams("routing_transformer_test", overrides)
+    with tf.Graph().as_default():
+      ds = registry.problem("synthetic_long_range").dataset(
+          tf.estimator.ModeKeys.EVAL, str(tmp_path), shuffle_files=False, hparams=hp)
+      nxt = tf.data.make_one_shot_iterator(ds).get_next()
+      out = []
+      with tf.Session() as sess:
+        while True:
+          try:
+            out.append(sess.run(nxt)["targets"])
+          except tf.errors.OutOfRangeError:
+            return out
+
+  with pytest.raises(tf.errors.DataLossError) as error:
+    read_all("")
+  message = t2t_glue.corrupt_record_message(error.value)
+  assert "corrupt or truncated" in message and "skip_corrupt_records=True" in message
+  assert 0 < len(read_all("skip_corrupt_records=True")) < 8

@@ -76,6 +76,10 @@ def test_checkpoint_holds_centroids_that_moved(trained):
      "not a multiple of query_shape=64; use e.g. max_length=512"),
     (["--hparams_set=routing_transformer_tiny", "--hparams=sparsity_cluster_size=4"],
      "use sparsity_cluster_size >= 8"),
+    (["--hparams_set=routing_transformer_tiny", "--hparams=local_num_heads=3"],
+     "hidden_size=128 is not divisible by local_num_heads + sparsity_cluster_num_heads = 5"),
+    (["--hparams_set=routing_transformer_tiny", "--hparams=sparsity_cluster_size=0"],
+     "needs sparsity_cluster_size > 0"),
 ])
 def test_bad_hparams_fail_fast_with_the_fix(data_dir, tmp_path, args, message):
   run = t2t("t2t-trainer", "--problem=synthetic_long_range", "--model=routing_transformer",
@@ -190,3 +194,31 @@ def test_decoder_samples_unconditionally_without_a_prompt_file(trained, data_dir
   words = " ".join(lines).split()
   assert words and all(len(line.split()) <= 8 for line in lines)
   assert all(synthetic.token_id(w) >= 0 for w in words)
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--problem=no_such_problem", "--model=routing_transformer"],
+     "unknown problem 'no_such_problem'. This project's: cifar10_pixels"),
+    (["--problem=synthetic_long_range", "--model=no_such_model"],
+     "unknown model 'no_such_model'. This project's: routing_transformer"),
+])
+def test_unknown_names_fail_with_one_line(data_dir, tmp_path, args, message):
+  run = t2t("t2t-trainer", "--hparams_set=routing_transformer_tiny", "--data_dir=" + data_dir,
+            "--output_dir=" + str(tmp_path), "--train_steps=1", *args, timeout=120)
+  assert run.returncode != 0
+  assert message in run.stderr.strip().splitlines()[-1] and "Traceback" not in run.stderr
+
+
+def test_checkpoint_of_other_hparams_fails_listing_the_variables(trained, data_dir, tmp_path):
+  import shutil  # pylint: disable=g-import-not-at-top
+  out = str(tmp_path / "copy")
+  shutil.copytree(trained[0], out)
+  run = t2t("t2t-trainer", "--problem=synthetic_long_range", "--model=routing_transformer",
+            "--hparams_set=routing_transformer_tiny", "--hparams=filter_size=128",
+            "--data_dir=" + data_dir, "--output_dir=" + out, "--train_steps=12",
+            "--schedule=train", timeout=300)
+  assert run.returncode != 0 and "Traceback" not in run.stderr
+  last = run.stderr.strip().splitlines()[-1]
+  assert "does not fit this model" in last and "ffn/weight1/kernel (checkpoint [128, 256], " \
+      "model [128, 128])" in last and "--hparams_set" in last
+  assert not glob.glob(os.path.join(out, "model.ckpt-12.index"))
