@@ -80,6 +80,8 @@ def sparse_transformer_local():
       sampling_keep_top_k=-1,
       fast_decode=True,
       nan_guard=True,            # stop at a non-finite loss/gradient/centroid (health.py)
+      reseed_dead_clusters=False,  # re-seed dead centroids from this step's queries
+      dead_cluster_check_steps=1000,  # log dead clusters every N steps (0: never)
       skip_corrupt_records=False,  # True: skip corrupt/truncated TFRecords with a warning
   )
   return hparams

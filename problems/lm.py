@@ -21,6 +21,7 @@ from routing_transformer import perplexity
 PAD_ID = text_encoder.PAD_ID
 EOS_ID = text_encoder.EOS_ID
 
+VOCAB_MISMATCH = "VocabularyMismatch"
 SPLITS = {"train": problem.DatasetSplit.TRAIN, "dev": problem.DatasetSplit.EVAL,
           "test": problem.DatasetSplit.TEST}
 
@@ -132,6 +133,27 @@ class LanguageModelProblem(RecordsCheck, problem.Problem):
 
   def example_reading_spec(self):
     return {"targets": tf.VarLenFeature(tf.int64)}, None
+
+  def dataset(self, mode, data_dir=None, *args, **kwargs):  # pylint: disable=keyword-arg-before-vararg
+    """Records checked against the vocabulary: an id >= its size fails naming the mismatch."""
+    ds = super().dataset(mode, data_dir, *args, **kwargs)
+    if not data_dir or not kwargs.get("preprocess", True):
+      return ds
+    vocab = self.get_feature_encoders(data_dir)["targets"].vocab_size
+
+    def check(example):
+      ids = example["targets"]
+      ok = tf.reduce_all(tf.logical_and(ids >= 0, ids < vocab))
+      assertion = tf.debugging.Assert(ok, [
+          "%s: records hold ids >= the vocabulary size %d of %s (max id:" % (
+              VOCAB_MISMATCH, vocab, data_dir), tf.reduce_max(ids),
+          "); the vocabulary file does not match the data: regenerate the records with "
+          "t2t-datagen for this vocabulary, or restore the vocabulary they were made with"])
+      with tf.control_dependencies([assertion]):
+        example["targets"] = tf.identity(ids)
+      return example
+
+    return ds.map(check)
 
 
 def vocab_path(data_dir, filename, problem_name):

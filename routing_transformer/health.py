@@ -82,3 +82,46 @@ def one_line(error):
   if start < 0:
     return None
   return text[start:].split("]")[0].split("\n")[0].strip()
+
+
+def dead_clusters(ema_count, fraction=None):
+  """[(head, cluster)] of a numpy ema_count [h, c] whose share is below fraction / c."""
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  from routing_transformer import kmeans  # pylint: disable=g-import-not-at-top
+  fraction = kmeans.DEAD_FRACTION if fraction is None else fraction
+  counts = np.asarray(ema_count, dtype=np.float64)
+  share = counts / np.maximum(counts.sum(axis=-1, keepdims=True), 1e-9)
+  return [tuple(int(i) for i in hc) for hc in np.argwhere(share < fraction / counts.shape[-1])]
+
+
+class DeadClusterHook(tf.train.SessionRunHook):
+  """Every `every_n_steps` training steps, logs a warning naming the routing centroids whose
+  EMA occupancy (an average over ~1 / (1 - decay) steps) is ~0: dead clusters."""
+
+  def __init__(self, every_n_steps=1000):
+    self.every_n_steps = every_n_steps
+    self.found = {}  # variable name -> [(head, cluster)] at the last check
+
+  def begin(self):
+    self.counts = [v for v in tf.global_variables() if v.op.name.endswith("/ema_count")]
+    self.step = tf.train.get_or_create_global_step()
+    self.timer = tf.train.SecondOrStepTimer(every_steps=self.every_n_steps)
+
+  def before_run(self, run_context):
+    del run_context
+    return tf.train.SessionRunArgs(self.step)
+
+  def after_run(self, run_context, run_values):
+    step = int(run_values.results)
+    if not self.counts or not self.timer.should_trigger_for_step(step):
+      return
+    self.timer.update_last_triggered_step(step)
+    values = run_context.session.run(self.counts)
+    for var, value in zip(self.counts, values):
+      dead = dead_clusters(value)
+      self.found[var.op.name] = dead
+      if dead:
+        tf.logging.warning(
+            "routing: %d dead cluster(s) (EMA occupancy ~0) in %s at step %d, (head, cluster): "
+            "%s. They attend to nothing; hparams reseed_dead_clusters=True re-seeds them from "
+            "recent queries.", len(dead), var.op.name.replace("/ema_count", ""), step, dead[:16])

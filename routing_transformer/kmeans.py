@@ -72,10 +72,14 @@ def smoothed_means(ema_count, ema_means, epsilon=EPSILON):
   Returns:
     [h, c, d].
   """
+  return ema_means / smoothed_count(ema_count, epsilon)[..., tf.newaxis]
+
+
+def smoothed_count(ema_count, epsilon=EPSILON):
+  """Laplace-smoothed counts [h, c]: (count + eps) / (N + c * eps) * N, N = sum per head."""
   num_clusters = ema_count.shape[-1]
   total = tf.reduce_sum(ema_count, axis=-1, keepdims=True)
-  count = (ema_count + epsilon) / (total + num_clusters * epsilon) * total
-  return ema_means / count[..., tf.newaxis]
+  return (ema_count + epsilon) / (total + num_clusters * epsilon) * total
 
 
 def occupancy(counts):
@@ -97,6 +101,24 @@ def occupancy(counts):
       "occupancy_entropy": tf.reduce_mean(entropy),
       "dead_clusters": tf.reduce_sum(tf.cast(share < DEAD_FRACTION / num_clusters, tf.float32)),
   }
+
+
+def dead_mask(ema_count, fraction=DEAD_FRACTION):
+  """bool [h, c]: clusters whose share of the EMA counts [h, c] is below fraction / c."""
+  num_clusters = ema_count.shape[-1]
+  share = ema_count / tf.maximum(tf.reduce_sum(ema_count, axis=-1, keepdims=True), 1e-9)
+  return share < fraction / num_clusters
+
+
+def reseed_candidates(x_hat, weights, num_clusters, seed=None):
+  """[h, c, d]: for every head, c vectors drawn at random from the real (non-padding)
+  positions of x_hat [b, h, n, d] (weights [b, n]); the re-seeding values of dead clusters."""
+  batch, heads, length, depth = x_hat.shape
+  flat = tf.reshape(tf.transpose(x_hat, [1, 0, 2, 3]), [heads, batch * length, depth])
+  real = tf.reshape(tf.cast(weights, tf.float32), [1, batch * length])
+  logits = tf.tile(tf.math.log(tf.maximum(real, 1e-30)), [heads, 1])
+  index = tf.random.categorical(logits, num_clusters, seed=seed)
+  return tf.gather(flat, index, batch_dims=1)
 
 
 def codebook_loss(x_hat, centroids, clusters, weights):
@@ -140,10 +162,20 @@ class OnlineKMeans(object):
       return self.update_from_statistics(*all_reduce(counts, sums))[0], counts
     return self.update_from_statistics(counts, sums)
 
-  def update_from_statistics(self, counts, sums):
-    """EMA step from combined statistics: counts [h, c], sums [h, c, d]; returns (op, counts)."""
+  def update_from_statistics(self, counts, sums, candidates=None):
+    """EMA step from combined statistics: counts [h, c], sums [h, c, d]; returns (op, counts).
+
+    With `candidates` [h, c, d] (see `reseed_candidates`), clusters that are dead after the
+    step (`dead_mask` of the new EMA counts) take their candidate as centroid; their EMA sums
+    are set so that the smoothed mean is exactly the candidate, their counts are kept.
+    """
     new_count, new_sums = ema_step(self.ema_count, self.ema_means, counts, sums, self.decay)
     new_means = smoothed_means(new_count, new_sums, self.epsilon)
+    if candidates is not None:
+      dead = dead_mask(new_count)[..., tf.newaxis]
+      count = smoothed_count(new_count, self.epsilon)[..., tf.newaxis]
+      new_means = tf.where(dead, candidates, new_means)
+      new_sums = tf.where(dead, candidates * count, new_sums)
     ops = [self.ema_count.assign(new_count), self.ema_means.assign(new_sums)]
     with tf.control_dependencies(ops):
       op = self.means.assign(new_means)

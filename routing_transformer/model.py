@@ -230,6 +230,12 @@ class RoutingTransformer(t2t_model.T2TModel):
     return decoding.infer(self, features, decode_length, beam_size=beam_size,
                           top_beams=top_beams, alpha=alpha)
 
+  @staticmethod
+  def train_hooks(hook_context):
+    """Dead-cluster warnings every `dead_cluster_check_steps` steps (health.DeadClusterHook)."""
+    every = hook_context.hparams.get("dead_cluster_check_steps", 1000)
+    return [health.DeadClusterHook(every)] if every else []
+
   def optimize(self, loss, num_async_replicas=1, use_tpu=False, variables=None):
     """T2T's optimizer, with the non-finite guard of `health` unless nan_guard=False or TPU."""
     if use_tpu or not self.hparams.get("nan_guard", True):
@@ -258,7 +264,11 @@ class RoutingTransformer(t2t_model.T2TModel):
     if common_layers.is_xla_compiled():  # TPU: identical centroids on every replica
       counts = tf1.tpu.cross_replica_sum(counts)
       sums = tf1.tpu.cross_replica_sum(sums)
-    op, _ = km.update_from_statistics(counts, sums)
+    candidates = None
+    if self.hparams.get("reseed_dead_clusters", False) and not common_layers.is_xla_compiled():
+      first = steps[0]  # re-seeding values from this shard's queries (off on TPU: see docs)
+      candidates = kmeans.reseed_candidates(first.x_hats[0], first.weights, km.num_clusters)
+    op, _ = km.update_from_statistics(counts, sums, candidates)
     if common_layers.should_generate_summaries():
       name = km.means.name.split("/body/")[-1].replace("/means:0", "")
       for key, value in kmeans.occupancy(counts).items():

@@ -254,6 +254,10 @@ def install_error_hook():
     if corrupt:
       sys.stderr.write("error: %s\n" % corrupt)
       return
+    if "VocabularyMismatch: " in str(value):
+      text = str(value).split("VocabularyMismatch: ", 1)[1].split("\n")[0]
+      sys.stderr.write("error: %s\n" % re.sub(r"[\]\[]", "", text).strip())
+      return
     nonfinite = health.one_line(value)
     if nonfinite:
       sys.stderr.write("error: training stopped: %s. No checkpoint was written for this step; "

@@ -83,3 +83,13 @@ def test_guard_can_be_switched_off():
     with tf.Session() as sess:
       sess.run(tf.global_variables_initializer())
       sess.run(train_op, {scale: float("nan")})  # no check: the step runs
+
+
+def test_reseeding_model_trains_a_step():
+  with tf.Graph().as_default():
+    train_op, _, _, _ = build_training(overrides="reseed_dead_clusters=True")
+    with tf.Session() as sess:
+      sess.run(tf.global_variables_initializer())
+      sess.run(train_op)
+      means = [v for v in tf.global_variables() if v.op.name.endswith("/means")]
+      assert means and all(np.all(np.isfinite(m)) for m in sess.run(means))

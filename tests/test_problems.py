@@ -460,3 +460,17 @@ def test_corrupt_shard_fails_clearly_or_is_skipped_when_asked(tmp_path):
   message = t2t_glue.corrupt_record_message(error.value)
   assert "corrupt or truncated" in message and "skip_corrupt_records=True" in message
   assert 0 < len(read_all("skip_corrupt_records=True")) < 8
+
+
+def test_vocabulary_that_does_not_match_the_records_fails_clearly(pg19, tmp_path):
+  import shutil  # pylint: disable=g-import-not-at-top
+  data = tmp_path / "data"
+  shutil.copytree(str(pg19["data_dir"]), str(data))
+  vocab = glob.glob(str(data / "vocab.pg19_length8k.*.subwords"))[0]
+  lines = open(vocab, encoding="utf-8").read().splitlines()
+  with open(vocab, "w", encoding="utf-8") as f:
+    f.write("\n".join(lines[:40]) + "\n")  # a smaller vocabulary than the records were made with
+  with pytest.raises(tf.errors.InvalidArgumentError) as error:
+    dataset_targets("pg19_length8k", data, "dev")
+  assert "VocabularyMismatch" in str(error.value) and "does not match the data" in str(error.value)
+  assert len(dataset_targets("pg19_length8k", pg19["data_dir"], "dev")) == 2  # the right one
