@@ -38,17 +38,20 @@ def int_feature(ids):
 
 class RecordsCheck(object):
   """Problem mixin: reading a split whose records are missing raises a DataError naming the
-  t2t-datagen command (instead of an empty dataset or a deep TF error)."""
+  t2t-datagen command (instead of an empty dataset or a deep TF error); a shard whose size
+  differs from what datagen wrote raises a DataError naming it."""
 
   how_to_get = ""
 
   def require_records(self, data_dir, dataset_split):
     pattern = self.filepattern(data_dir, dataset_split)
-    if not tf.io.gfile.glob(pattern):
+    paths = tf.io.gfile.glob(pattern)
+    if not paths:
       raise DataError(
           "%s: no records match %s. Generate them first: t2t-datagen "
           "--t2t_usr_dir=t2t_usr_dir --problem=%s --data_dir=%s --tmp_dir=<raw data>. %s"
           % (self.name, pattern, self.name, data_dir, self.how_to_get))
+    shards.check_sizes(sorted(paths), self.dataset_filename())
 
   def dataset(self, mode, data_dir=None, *args, **kwargs):  # pylint: disable=keyword-arg-before-vararg
     split = kwargs.get("dataset_split") or (
@@ -164,3 +167,15 @@ def vocab_path(data_dir, filename, problem_name):
                     "--t2t_usr_dir=t2t_usr_dir --problem=%s --data_dir=... first (or copy the "
                     "vocabulary file there)." % (problem_name, filename, data_dir, problem_name))
   return path
+
+
+class ByteVocabulary(object):
+  """Problem mixin: T2T's ByteTextEncoder (id = byte + 2, 258 ids); nothing to build or store."""
+
+  def feature_encoders(self, data_dir):
+    del data_dir
+    return {"targets": text_encoder.ByteTextEncoder()}
+
+  def build_encoder(self, data_dir, tmp_dir):
+    del data_dir, tmp_dir
+    return text_encoder.ByteTextEncoder()

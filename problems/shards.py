@@ -98,10 +98,29 @@ def write_split(shard_paths, name, units, encode_unit, what, unit_name="units", 
     with tf.io.TFRecordWriter(tmp) as writer:
       for record in records:
         writer.write(record)
+    stats["file_bytes"] = tf.io.gfile.stat(tmp).length
     atomic_write(stats_path(path, name), json.dumps(dict(stats), sort_keys=True))
     tf.io.gfile.rename(tmp, path, overwrite=True)
   progress.update(0, 0, len(shard_paths) - 1, len(shard_paths), force=True)
   return split_stats(shard_paths, name)
+
+
+def check_sizes(shard_paths, name):
+  """Raises DataError naming a shard whose size differs from the size datagen wrote (a copy cut
+  off at a record boundary reads as fewer records without any TF error). Shards without stored
+  stats (records made elsewhere) are not checked."""
+  for path in shard_paths:
+    stats_file = stats_path(path, name)
+    if not tf.io.gfile.exists(stats_file):
+      continue
+    with tf.io.gfile.GFile(stats_file) as f:
+      expected = json.load(f).get("file_bytes")
+    actual = tf.io.gfile.stat(path).length
+    if expected is not None and actual != expected:
+      raise DataError(
+          "shard %s is %d bytes but t2t-datagen wrote %d: it is truncated or was changed "
+          "(an interrupted copy?). Copy it again, or delete it and %s and re-run t2t-datagen "
+          "(it rewrites only the missing shards)." % (path, actual, expected, stats_file))
 
 
 def split_stats(shard_paths, name):

@@ -8,7 +8,6 @@ import collections
 import glob
 import math
 import os
-import subprocess
 import sys
 
 import numpy as np
@@ -16,6 +15,7 @@ import pytest
 import tensorflow.compat.v1 as tf
 
 import datasets
+from conftest import run_t2t
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
@@ -27,17 +27,13 @@ from problems.errors import DataError  # pylint: disable=g-import-not-at-top,wro
 from routing_transformer import perplexity  # pylint: disable=g-import-not-at-top,wrong-import-position
 from tensor2tensor.utils import registry  # pylint: disable=g-import-not-at-top,wrong-import-position
 
-BIN = os.path.join(ROOT, ".venv", "bin")
 PG19_VOCAB = 300
 
 
 def datagen(problem, data_dir, tmp_dir, env=None, check=True):
   """Runs stock t2t-datagen; returns the CompletedProcess."""
-  full_env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", **(env or {}))
-  proc = subprocess.run(
-      [os.path.join(BIN, "t2t-datagen"), "--t2t_usr_dir=" + os.path.join(ROOT, "t2t_usr_dir"),
-       "--problem=" + problem, "--data_dir=" + str(data_dir), "--tmp_dir=" + str(tmp_dir)],
-      capture_output=True, text=True, env=full_env, cwd=ROOT, timeout=600)
+  proc = run_t2t("t2t-datagen", "--problem=" + problem, "--data_dir=%s" % data_dir,
+                 "--tmp_dir=%s" % tmp_dir, env=env)
   if check:
     assert proc.returncode == 0, proc.stderr[-3000:]
   return proc
@@ -58,12 +54,12 @@ def read_records(problem_name, data_dir, split):
   return out
 
 
-def dataset_targets(problem_name, data_dir, split):
+def dataset_targets(problem_name, data_dir, split, hparams=None):
   """`targets` of every example of a split through the problem's own reader (dataset())."""
   problem = registry.problem(problem_name)
   with tf.Graph().as_default():
     ds = problem.dataset(tf.estimator.ModeKeys.EVAL, str(data_dir), shuffle_files=False,
-                         dataset_split=lm.SPLITS[split])
+                         dataset_split=lm.SPLITS[split], hparams=hparams)
     nxt = tf.data.make_one_shot_iterator(ds).get_next()
     out = []
     with tf.Session() as sess:
@@ -443,23 +439,32 @@ def test_corrupt_shard_fails_clearly_or_is_skipped_when_asked(tmp_path):
 
   def read_all(overrides):
     hp = trainer_lib.create_hparams("routing_transformer_test", overrides)
-    with tf.Graph().as_default():
-      ds = registry.problem("synthetic_long_range").dataset(
-          tf.estimator.ModeKeys.EVAL, str(tmp_path), shuffle_files=False, hparams=hp)
-      nxt = tf.data.make_one_shot_iterator(ds).get_next()
-      out = []
-      with tf.Session() as sess:
-        while True:
-          try:
-            out.append(sess.run(nxt)["targets"])
-          except tf.errors.OutOfRangeError:
-            return out
+    return dataset_targets("synthetic_long_range", tmp_path, "dev", hp)
 
   with pytest.raises(tf.errors.DataLossError) as error:
     read_all("")
   message = t2t_glue.corrupt_record_message(error.value)
   assert "corrupt or truncated" in message and "skip_corrupt_records=True" in message
   assert 0 < len(read_all("skip_corrupt_records=True")) < 8
+
+
+def test_shard_cut_at_a_record_boundary_fails_naming_the_shard(tmp_path):
+  """TF reads a shard cut after a whole record as a shorter shard without any error; the size
+  datagen stored catches it."""
+  from problems import synthetic  # pylint: disable=g-import-not-at-top
+  problem = synthetic.SyntheticLongRange()
+  problem.num_train, problem.num_eval = 40, 8
+  problem.generate_data(str(tmp_path), str(tmp_path))
+  assert len(dataset_targets("synthetic_long_range", tmp_path, "dev")) == 8
+  shard = sorted(glob.glob(str(tmp_path / "synthetic_long_range-dev*")))[0]
+  records = list(tf.io.tf_record_iterator(shard))
+  data = open(shard, "rb").read()
+  with open(shard, "wb") as f:
+    f.write(data[:len(data) - (16 + len(records[-1]))])  # the last record, framing included
+  assert len(list(tf.io.tf_record_iterator(shard))) == len(records) - 1  # TF does not notice
+  with pytest.raises(DataError, match="is truncated or was changed") as error:
+    dataset_targets("synthetic_long_range", tmp_path, "dev")
+  assert os.path.basename(shard) in str(error.value) and "re-run t2t-datagen" in str(error.value)
 
 
 def test_vocabulary_that_does_not_match_the_records_fails_clearly(pg19, tmp_path):
