@@ -64,7 +64,7 @@ def byte_ids(data):
 
 
 @registry.register_problem
-class Enwik8Length8k(lm.LanguageModelProblem):
+class Enwik8Length8k(lm.ByteVocabulary, lm.LanguageModelProblem):
   """enwik8 bytes in 8192-byte examples (T2T name: enwik8_length8k)."""
 
   length = 8192
@@ -75,14 +75,6 @@ class Enwik8Length8k(lm.LanguageModelProblem):
   def __init__(self, *args, **kwargs):
     super().__init__(*args, **kwargs)
     self._splits = None
-
-  def feature_encoders(self, data_dir):
-    del data_dir
-    return {"targets": text_encoder.ByteTextEncoder()}
-
-  def build_encoder(self, data_dir, tmp_dir):
-    del data_dir, tmp_dir
-    return text_encoder.ByteTextEncoder()
 
   def raw_path(self, tmp_dir):
     tmp_dir = tmp_dir or ""

@@ -47,7 +47,7 @@ def pixel_ids(pixels):
   return tf.cast(pixels, tf.int64) + NUM_RESERVED
 
 
-class ImagePixels(lm.LanguageModelProblem):
+class ImagePixels(lm.ByteVocabulary, lm.LanguageModelProblem):
   """Images as id sequences; subclasses list their files and read one into planar arrays."""
 
   side = 32
@@ -62,14 +62,6 @@ class ImagePixels(lm.LanguageModelProblem):
   @property
   def length(self):
     return self.side * self.side * 3
-
-  def feature_encoders(self, data_dir):
-    del data_dir
-    return {"targets": text_encoder.ByteTextEncoder()}
-
-  def build_encoder(self, data_dir, tmp_dir):
-    del data_dir, tmp_dir
-    return text_encoder.ByteTextEncoder()
 
   def example_reading_spec(self):
     return {"pixels": tf.FixedLenFeature([], tf.string)}, None

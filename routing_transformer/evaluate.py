@@ -38,16 +38,11 @@ def _register():
 
 def resolve_checkpoint(path):
   """A checkpoint prefix from a prefix or a directory holding checkpoints."""
-  if path and tf.io.gfile.isdir(path):
-    latest = tf.train.latest_checkpoint(path)
-    if not latest:
-      raise EvaluationError("No checkpoint in %s (expected a `checkpoint` file and "
-                            "model.ckpt-* files written by t2t-trainer)." % path)
-    return latest
-  if not path or not tf.io.gfile.glob(path + ".index"):
-    raise EvaluationError("Checkpoint %r not found; pass --checkpoint=<output_dir> or a "
-                          "model.ckpt-N prefix." % path)
-  return path
+  from routing_transformer import checkpoints  # pylint: disable=g-import-not-at-top
+  try:
+    return checkpoints.find_checkpoint(path or "")
+  except checkpoints.CheckpointError as e:
+    raise EvaluationError("--checkpoint: %s" % e)
 
 
 def token_nll(logits, targets):

@@ -1,36 +1,25 @@
 """routing_transformer_mtf through stock t2t-trainer: 2-way model parallel (mesh_shape=model:2)."""
 import glob
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 
-from conftest import ROOT
+from conftest import run_t2t
+from conftest import synthetic_data
 
-BIN = os.path.dirname(sys.executable)
 pytestmark = pytest.mark.slow
 STEPS = 4
 
 
 def t2t_trainer(*args, timeout=600):
-  cmd = [os.path.join(BIN, "t2t-trainer"), "--t2t_usr_dir=" + os.path.join(ROOT, "t2t_usr_dir"),
-         "--problem=synthetic_long_range", "--model=routing_transformer_mtf"]
-  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
-  return subprocess.run(cmd + list(args), capture_output=True, text=True, timeout=timeout,
-                        cwd=ROOT, env=env)
+  return run_t2t("t2t-trainer", "--problem=synthetic_long_range",
+                 "--model=routing_transformer_mtf", *args, timeout=timeout)
 
 
 @pytest.fixture(scope="module")
 def data_dir(tmp_path_factory):
-  import t2t_usr_dir  # pylint: disable=g-import-not-at-top,unused-import
-  from problems import synthetic  # pylint: disable=g-import-not-at-top
-  path = str(tmp_path_factory.mktemp("mtf_data"))
-  problem = synthetic.SyntheticLongRange()
-  problem.num_train, problem.num_eval = 64, 8
-  problem.generate_data(path, str(tmp_path_factory.mktemp("mtf_tmp")))
-  return path
+  return synthetic_data(tmp_path_factory, "mtf_data", 64, 8)
 
 
 @pytest.fixture(scope="module")

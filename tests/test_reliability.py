@@ -4,29 +4,23 @@ import glob
 import os
 import signal
 import subprocess
-import sys
 import time
 
 import numpy as np
 import pytest
 import tensorflow.compat.v1 as tf
 
+from conftest import BIN
 from conftest import ROOT
+from conftest import synthetic_data
 
-BIN = os.path.dirname(sys.executable)
 pytestmark = pytest.mark.slow
 DECAY = 0.999  # routing_transformer_tiny's EMA decay (hparams `decay`)
 
 
 @pytest.fixture(scope="module")
 def data_dir(tmp_path_factory):
-  import t2t_usr_dir  # pylint: disable=g-import-not-at-top,unused-import
-  from problems import synthetic  # pylint: disable=g-import-not-at-top
-  path = str(tmp_path_factory.mktemp("data"))
-  problem = synthetic.SyntheticLongRange()
-  problem.num_train, problem.num_eval = 200, 8
-  problem.generate_data(path, str(tmp_path_factory.mktemp("tmp")))
-  return path
+  return synthetic_data(tmp_path_factory, "data", 200, 8)
 
 
 def trainer_cmd(data_dir, out, steps):

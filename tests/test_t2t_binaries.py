@@ -1,34 +1,19 @@
 """End to end through the stock T2T binaries with --t2t_usr_dir=t2t_usr_dir (one shared run)."""
 import glob
 import os
-import subprocess
-import sys
 
 import pytest
 
-from conftest import ROOT
+from conftest import run_t2t
+from conftest import synthetic_data
 
-BIN = os.path.dirname(sys.executable)
 pytestmark = pytest.mark.slow
-
-
-def t2t(binary, *args, timeout=600):
-  cmd = [os.path.join(BIN, binary), "--t2t_usr_dir=" + os.path.join(ROOT, "t2t_usr_dir")]
-  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
-  return subprocess.run(cmd + list(args), capture_output=True, text=True, timeout=timeout,
-                        cwd=ROOT, env=env)
+t2t = run_t2t
 
 
 @pytest.fixture(scope="session")
 def data_dir(tmp_path_factory):
-  """A small synthetic_long_range dataset, written through the problem's own generate_data."""
-  import t2t_usr_dir  # pylint: disable=g-import-not-at-top,unused-import
-  from problems import synthetic  # pylint: disable=g-import-not-at-top
-  path = str(tmp_path_factory.mktemp("data"))
-  problem = synthetic.SyntheticLongRange()
-  problem.num_train, problem.num_eval = 400, 40
-  problem.generate_data(path, str(tmp_path_factory.mktemp("tmp")))
-  return path
+  return synthetic_data(tmp_path_factory, "data", 400, 40)
 
 
 @pytest.fixture(scope="session")
