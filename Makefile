@@ -2,7 +2,7 @@
 PY := .venv/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: setup test bench-attention bench-train bench-decode bench-quality bench-peers demo clean
+.PHONY: soak setup test bench-attention bench-train bench-decode bench-quality bench-peers demo clean
 
 setup:
 	@bash scripts/setup.sh
@@ -15,6 +15,9 @@ demo: setup
 
 bench-attention: setup
 	$(PY) benchmarks/attention.py
+
+soak: setup
+	$(PY) scripts/soak.py $(SOAK_ARGS)
 
 bench-decode: setup
 	$(PY) benchmarks/decode.py
@@ -30,4 +33,4 @@ bench-peers: setup
 	$(PY) benchmarks/peers.py $(PEERS_ARGS)
 
 clean:
-	rm -rf .pytest_cache benchmarks/results demo_output
+	rm -rf .pytest_cache benchmarks/results demo_output soak_output
