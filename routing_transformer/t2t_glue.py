@@ -228,6 +228,30 @@ def corrupt_record_message(error):
           "warning." % detail)
 
 
+def own_one_line(error):
+  """The message of an error this project marks `one_line` (e.g. DataError), or None."""
+  return str(error) if getattr(error, "one_line", False) else None
+
+
+def vocabulary_mismatch_message(error):
+  """The VocabularyMismatch text raised by a problem's record check inside the graph, or None."""
+  if "VocabularyMismatch: " not in str(error):
+    return None
+  text = str(error).split("VocabularyMismatch: ", 1)[1].split("\n")[0]
+  return re.sub(r"[\]\[]", "", text).strip()
+
+
+def non_finite_message(error):
+  """One line for the non-finite guard's stop (routing_transformer.health), or None."""
+  from routing_transformer import health  # pylint: disable=g-import-not-at-top
+  nonfinite = health.one_line(error)
+  if not nonfinite:
+    return None
+  return ("training stopped: %s. No checkpoint was written for this step; restart from the "
+          "last checkpoint with a lower learning rate (or clip_grad_norm), or set "
+          "nan_guard=False to let it run." % nonfinite)
+
+
 def install_error_hook():
   """Uncaught errors marked `one_line` (e.g. problems.errors.DataError) print as one line.
 
@@ -238,32 +262,12 @@ def install_error_hook():
     return
 
   def hook(kind, value, traceback):
-    from routing_transformer import health  # pylint: disable=g-import-not-at-top
-    if getattr(value, "one_line", False):
-      sys.stderr.write("error: %s\n" % value)
-      return
-    wrapped = wrapped_one_line(value)
-    if wrapped:
-      sys.stderr.write("error: %s\n" % wrapped)
-      return
-    unknown = unknown_name_message(value)
-    if unknown:
-      sys.stderr.write("error: %s\n" % unknown)
-      return
-    corrupt = corrupt_record_message(value)
-    if corrupt:
-      sys.stderr.write("error: %s\n" % corrupt)
-      return
-    if "VocabularyMismatch: " in str(value):
-      text = str(value).split("VocabularyMismatch: ", 1)[1].split("\n")[0]
-      sys.stderr.write("error: %s\n" % re.sub(r"[\]\[]", "", text).strip())
-      return
-    nonfinite = health.one_line(value)
-    if nonfinite:
-      sys.stderr.write("error: training stopped: %s. No checkpoint was written for this step; "
-                       "restart from the last checkpoint with a lower learning rate (or "
-                       "clip_grad_norm), or set nan_guard=False to let it run.\n" % nonfinite)
-      return
+    for message in (own_one_line, wrapped_one_line, unknown_name_message,
+                    corrupt_record_message, vocabulary_mismatch_message, non_finite_message):
+      text = message(value)
+      if text:
+        sys.stderr.write("error: %s\n" % text)
+        return
     previous(kind, value, traceback)
 
   hook._routing_guard = True  # pylint: disable=protected-access
