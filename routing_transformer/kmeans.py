@@ -168,6 +168,8 @@ class OnlineKMeans(object):
     With `candidates` [h, c, d] (see `reseed_candidates`), clusters that are dead after the
     step (`dead_mask` of the new EMA counts) take their candidate as centroid; their EMA sums
     are set so that the smoothed mean is exactly the candidate, their counts are kept.
+    With ema=False only the EMA statistics move (for occupancy and dead-cluster monitoring);
+    the means are trainable and left to the codebook loss.
     """
     new_count, new_sums = ema_step(self.ema_count, self.ema_means, counts, sums, self.decay)
     new_means = smoothed_means(new_count, new_sums, self.epsilon)
@@ -177,6 +179,8 @@ class OnlineKMeans(object):
       new_means = tf.where(dead, candidates, new_means)
       new_sums = tf.where(dead, candidates * count, new_sums)
     ops = [self.ema_count.assign(new_count), self.ema_means.assign(new_sums)]
+    if not self.ema:  # the gradient of the codebook loss moves the means; EMA only monitors
+      return tf.group(ops), counts
     with tf.control_dependencies(ops):
       op = self.means.assign(new_means)
     return tf.group(op), counts

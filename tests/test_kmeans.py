@@ -160,3 +160,21 @@ def test_loss_is_beta_times_commitment_and_codebook_without_ema():
   codebook = np.mean((x.numpy() - assigned) ** 2)
   assert got_grad_loss == pytest.approx(2e-4 + codebook, rel=1e-5)
   assert np.abs(g).max() > 0
+
+
+def test_without_ema_the_update_tracks_statistics_but_leaves_the_means_to_the_gradient():
+  rng = np.random.default_rng(6)
+  x = rng.standard_normal((1, 1, 6, 3)).astype(np.float32)
+  clusters = np.array([[[0, 0, 1, 0, 1, 0]]], np.int32)
+  with tf.Graph().as_default():
+    km = kmeans.OnlineKMeans(1, 2, 3, ema=False, decay=0.5, name="grad")
+    update, _ = km.update([tf.constant(x)], [tf.constant(clusters)], tf.ones([1, 6]))
+    with tf.compat.v1.Session() as sess:
+      sess.run(tf.compat.v1.global_variables_initializer())
+      before = sess.run(km.means)
+      sess.run(update)
+      means, count, sums = sess.run([km.means, km.ema_count, km.ema_means])
+  np.testing.assert_array_equal(means, before)  # not overwritten by the EMA
+  np.testing.assert_allclose(count, [[0.5 * 4, 0.5 * 2]])
+  want = 0.5 * before + 0.5 * np.stack([x[0, 0, clusters[0, 0] == c].sum(0) for c in (0, 1)])[None]
+  np.testing.assert_allclose(sums, want, rtol=1e-5)

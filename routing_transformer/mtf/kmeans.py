@@ -73,8 +73,9 @@ class MtfKMeans(object):
     total = mtf.reduce_sum(new_count, reduced_dim=self.clusters_dim)  # [h]
     smoothed = (new_count + self.epsilon) / (total + self.clusters_dim.size * self.epsilon) * total
     new_means = new_sums / smoothed
-    ops = [mtf.assign(self.ema_count, new_count), mtf.assign(self.ema_means, new_sums),
-           mtf.assign(self.means, new_means)]
+    ops = [mtf.assign(self.ema_count, new_count), mtf.assign(self.ema_means, new_sums)]
+    if self.ema:  # with ema=False the codebook loss's gradient moves the means
+      ops.append(mtf.assign(self.means, new_means))
     return ops, counts
 
   def loss(self, commitment, x_hats=(), clusters=(), weights=None):
