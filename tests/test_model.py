@@ -133,6 +133,24 @@ def test_centroids_move_only_in_train(rng, mode):
     np.testing.assert_array_equal(after, before)
 
 
+def test_without_ema_only_the_gradient_moves_the_centroids(rng):
+  """ema=False: the train step's EMA update leaves the (trainable) means alone; one optimizer
+  step on the codebook + commitment loss moves them."""
+  with tf.Graph().as_default():
+    _, losses = build(small_hparams(ema=False), TRAIN, {"targets": random_targets(rng)})
+    means = _means_var()
+    assert means in tf1.trainable_variables()
+    step = tf1.train.GradientDescentOptimizer(1.0).minimize(losses["extra_loss"],
+                                                            var_list=[means])
+    with tf1.Session() as sess:
+      sess.run(tf1.global_variables_initializer())
+      before = sess.run(means)
+      sess.run(losses)
+      np.testing.assert_array_equal(sess.run(means), before)
+      sess.run(step)
+      assert np.abs(sess.run(means) - before).max() > 0
+
+
 def test_data_parallel_shards_share_one_centroid_update(rng):
   """Two shards: one EMA step from the shard-averaged statistics (not one update per shard)."""
   h = small_hparams()
