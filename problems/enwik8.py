@@ -88,15 +88,13 @@ class Enwik8Length8k(lm.ByteVocabulary, lm.LanguageModelProblem):
 
   def split_units(self, split, tmp_dir, encoder):
     del encoder
-    if self._splits is None:
+    if self._splits is None:  # the file is read once for the three splits
       self._splits = split_bytes(read_enwik8(self.raw_path(tmp_dir)))
-    data = self._splits[split]
-    return [(split, start) for start in range(0, len(data), self.length)]
+    return lm.windows(memoryview(self._splits[split]), self.length)  # views, not copies
 
   def encode_unit(self, unit, encoder):
     del encoder
-    split, start = unit
-    ids = byte_ids(self._splits[split][start:start + self.length])
+    ids = byte_ids(unit)
     return [{"targets": lm.int_feature(ids)}], {"tokens": len(ids), "bytes": len(ids)}
 
   def report(self, total_nll, num_tokens, stats):

@@ -17,6 +17,7 @@ import io
 import os
 import pickle
 import tarfile
+import zipfile
 
 import numpy as np
 import tensorflow.compat.v1 as tf
@@ -33,12 +34,17 @@ NUM_RESERVED = text_encoder.NUM_RESERVED_TOKENS
 BLOCK = 1000  # images per unit of work
 
 
+def check_planar_shape(shape, side):
+  """Raises DataError unless `shape` is [n, 3*side*side]."""
+  if len(shape) != 2 or shape[1] != 3 * side * side:
+    raise DataError("expected images as uint8 [n, %d] (3 planes of %dx%d), got shape %s"
+                    % (3 * side * side, side, side, tuple(shape)))
+
+
 def raster(planar, side):
   """Channel-planar uint8 [n, 3*side*side] (R plane, G plane, B plane) -> raster [n, side*side*3]."""
   planar = np.asarray(planar, dtype=np.uint8)
-  if planar.ndim != 2 or planar.shape[1] != 3 * side * side:
-    raise DataError("expected images as uint8 [n, %d] (3 planes of %dx%d), got shape %s"
-                    % (3 * side * side, side, side, planar.shape))
+  check_planar_shape(planar.shape, side)
   return planar.reshape(-1, 3, side, side).transpose(0, 2, 3, 1).reshape(planar.shape[0], -1)
 
 
@@ -133,18 +139,23 @@ class Cifar10Pixels(ImagePixels):
   how_to_get = ("Get cifar-10-python.tar.gz from https://www.cs.toronto.edu/~kriz/cifar.html "
                 "and put it (or its cifar-10-batches-py/ folder) in --tmp_dir or CIFAR10_DIR.")
 
+  def __init__(self, *args, **kwargs):
+    super().__init__(*args, **kwargs)
+    self._tar, self._members = None, None  # the tar.gz read (once for all splits), its members
+
   def files(self, split, tmp_dir):
     root = self.root(tmp_dir)
     folder = os.path.join(root or "", CIFAR_FOLDER)
     tar = os.path.join(root or "", CIFAR_TAR)
     if tf.io.gfile.isdir(folder):
-      self._members = None
+      self._tar, self._members = None, None
       keys = [os.path.join(folder, f) for f in CIFAR_FILES[split]]
       missing = [k for k in keys if not tf.io.gfile.exists(k)]
       if missing:
         raise DataError("CIFAR-10: %s is missing. %s" % (missing[0], self.how_to_get))
     elif tf.io.gfile.exists(tar):
-      self._members = self._read_tar(tar)
+      if self._tar != tar:
+        self._tar, self._members = tar, self._read_tar(tar)
       keys = [CIFAR_FOLDER + "/" + f for f in CIFAR_FILES[split]]
       missing = [k for k in keys if k not in self._members]
       if missing:
@@ -197,7 +208,21 @@ class Imagenet64Pixels(ImagePixels):
         raise DataError("ImageNet64: %s not found in %s. %s"
                         % (name, " or ".join(folders), self.how_to_get))
       keys.append(found[0])
-    return [(k, len(self.images(k))) for k in keys]
+    return [(k, self.num_images(k)) for k in keys]
+
+  def num_images(self, key):
+    """Rows of the file's `data` array, from the .npy header only (the 1.5 GB training files are
+    then read once, when their images are encoded)."""
+    try:
+      with tf.io.gfile.GFile(key, "rb") as f, zipfile.ZipFile(f) as z, z.open("data.npy") as m:
+        version = np.lib.format.read_magic(m)
+        read_header = (np.lib.format.read_array_header_1_0 if version == (1, 0)
+                       else np.lib.format.read_array_header_2_0)
+        shape = read_header(m)[0]
+    except Exception as e:  # pylint: disable=broad-except
+      raise self.format_error(key, e)
+    check_planar_shape(shape, self.side)
+    return shape[0]
 
   def load(self, key):
     with tf.io.gfile.GFile(key, "rb") as f:
@@ -205,5 +230,8 @@ class Imagenet64Pixels(ImagePixels):
         with np.load(io.BytesIO(f.read())) as npz:
           return npz["data"]
       except Exception as e:  # pylint: disable=broad-except
-        raise DataError("ImageNet64: %s is not an npz with a 'data' array (%s: %s). %s"
-                        % (key, type(e).__name__, e, self.how_to_get))
+        raise self.format_error(key, e)
+
+  def format_error(self, key, error):
+    return DataError("ImageNet64: %s is not an npz with a 'data' array (%s: %s). %s"
+                     % (key, type(error).__name__, error, self.how_to_get))

@@ -23,6 +23,7 @@ from tensor2tensor.data_generators import text_encoder
 from tensor2tensor.utils import registry
 
 from problems import lm
+from problems import shards
 from problems.errors import DataError
 from problems.errors import require_dir
 from routing_transformer import perplexity
@@ -205,8 +206,7 @@ class Pg19Length8k(lm.LanguageModelProblem):
       if not tf.io.gfile.exists(given):
         raise DataError("PG19_VOCAB_FILE=%s does not exist. The released vocabulary is "
                         "vocab.pg19_length8k.32768.subwords." % given)
-      tf.io.gfile.copy(given, path + ".tmp", overwrite=True)
-      tf.io.gfile.rename(path + ".tmp", path, overwrite=True)
+      shards.write_then_rename(path, lambda tmp: tf.io.gfile.copy(given, tmp, overwrite=True))
     if tf.io.gfile.exists(path):
       tf.logging.info("PG-19: using the vocabulary %s", path)
       return text_encoder.SubwordTextEncoder(path)
@@ -216,9 +216,7 @@ class Pg19Length8k(lm.LanguageModelProblem):
                     self.vocab_size_target, max_chars)
     encoder = text_encoder.SubwordTextEncoder.build_from_generator(
         self.vocab_texts(tmp_dir, max_chars), self.vocab_size_target)
-    tmp = "%s.tmp-%d" % (path, os.getpid())
-    encoder.store_to_file(tmp)
-    tf.io.gfile.rename(tmp, path, overwrite=True)
+    shards.write_then_rename(path, encoder.store_to_file)
     return encoder
 
   def split_units(self, split, tmp_dir, encoder):

@@ -29,12 +29,31 @@ def stats_path(shard_path, name):
   return os.path.join(side_dir(data_dir, name, "stats"), base + ".json")
 
 
+def write_then_rename(path, write):
+  """Calls `write(tmp)` for a temporary path beside `path`, then renames it to `path`: readers
+  never see a half-written file."""
+  tmp = "%s.tmp-%d" % (path, os.getpid())
+  write(tmp)
+  tf.io.gfile.rename(tmp, path, overwrite=True)
+
+
 def atomic_write(path, data, mode="w"):
   """Writes `data` to `path` through a temporary name and a rename."""
-  tmp = "%s.tmp-%d" % (path, os.getpid())
-  with tf.io.gfile.GFile(tmp, mode) as f:
-    f.write(data)
-  tf.io.gfile.rename(tmp, path, overwrite=True)
+
+  def write(tmp):
+    with tf.io.gfile.GFile(tmp, mode) as f:
+      f.write(data)
+
+  write_then_rename(path, write)
+
+
+def read_stats(shard_path, name):
+  """The stats dict datagen stored for a shard, or None when there is none."""
+  stats_file = stats_path(shard_path, name)
+  if not tf.io.gfile.exists(stats_file):
+    return None
+  with tf.io.gfile.GFile(stats_file) as f:
+    return json.load(f)
 
 
 def shard_complete(shard_path, name):
@@ -110,27 +129,23 @@ def check_sizes(shard_paths, name):
   off at a record boundary reads as fewer records without any TF error). Shards without stored
   stats (records made elsewhere) are not checked."""
   for path in shard_paths:
-    stats_file = stats_path(path, name)
-    if not tf.io.gfile.exists(stats_file):
-      continue
-    with tf.io.gfile.GFile(stats_file) as f:
-      expected = json.load(f).get("file_bytes")
+    expected = (read_stats(path, name) or {}).get("file_bytes")
     actual = tf.io.gfile.stat(path).length
     if expected is not None and actual != expected:
       raise DataError(
           "shard %s is %d bytes but t2t-datagen wrote %d: it is truncated or was changed "
           "(an interrupted copy?). Copy it again, or delete it and %s and re-run t2t-datagen "
-          "(it rewrites only the missing shards)." % (path, actual, expected, stats_file))
+          "(it rewrites only the missing shards)." % (path, actual, expected,
+                                                      stats_path(path, name)))
 
 
 def split_stats(shard_paths, name):
   """Sum of the stored per-shard stats; raises DataError naming a shard without stats."""
   total = collections.Counter()
   for path in shard_paths:
-    stats_file = stats_path(path, name)
-    if not tf.io.gfile.exists(stats_file):
+    stats = read_stats(path, name)
+    if stats is None:
       raise DataError("No statistics for shard %s (expected %s); re-run t2t-datagen."
-                       % (path, stats_file))
-    with tf.io.gfile.GFile(stats_file) as f:
-      total.update(json.load(f))
+                       % (path, stats_path(path, name)))
+    total.update(stats)
   return dict(total)

@@ -19,6 +19,7 @@ from tensor2tensor.data_generators import text_encoder
 from tensor2tensor.utils import registry
 
 from problems import lm
+from problems import shards
 from problems.errors import DataError
 from problems.errors import require_file
 
@@ -77,10 +78,6 @@ class WikiText103(lm.LanguageModelProblem):
   unit_name = "windows"
   how_to_get = HOW_TO_GET
 
-  def __init__(self, *args, **kwargs):
-    super().__init__(*args, **kwargs)
-    self._stream = None
-
   def feature_encoders(self, data_dir):
     path = lm.vocab_path(data_dir, VOCAB_FILENAME, self.name)
     return {"targets": text_encoder.TokenTextEncoder(path, replace_oov=UNK)}
@@ -91,9 +88,7 @@ class WikiText103(lm.LanguageModelProblem):
       lines = read_lines(os.path.join(find_root(tmp_dir), FILES["train"]))
       encoder = text_encoder.TokenTextEncoder(None, vocab_list=build_vocab(lines),
                                               replace_oov=UNK)
-      tmp = "%s.tmp-%d" % (path, os.getpid())
-      encoder.store_to_file(tmp)
-      tf.io.gfile.rename(tmp, path, overwrite=True)
+      shards.write_then_rename(path, encoder.store_to_file)
       tf.logging.info("WikiText-103: vocabulary of %d tokens written to %s",
                       encoder.vocab_size, path)
     return text_encoder.TokenTextEncoder(path, replace_oov=UNK)
@@ -102,16 +97,12 @@ class WikiText103(lm.LanguageModelProblem):
     lines = read_lines(os.path.join(find_root(tmp_dir), FILES[split]))
     if not any(line.strip() for line in lines):
       raise DataError("WikiText-103: %s holds no words. %s" % (FILES[split], HOW_TO_GET))
-    self._stream = (split, encode_lines(lines, encoder))  # one split in memory at a time
-    return [(split, start) for start in range(0, len(self._stream[1]), self.length)]
+    return lm.windows(encode_lines(lines, encoder), self.length)  # views of one split's stream
 
   def encode_unit(self, unit, encoder):
     del encoder
-    split, start = unit
-    assert self._stream[0] == split
-    ids = self._stream[1][start:start + self.length]
-    return [{"targets": lm.int_feature(ids)}], {"tokens": len(ids),
-                                                 "words": int(np.sum(ids != lm.EOS_ID))}
+    return [{"targets": lm.int_feature(unit)}], {"tokens": len(unit),
+                                                  "words": int(np.sum(unit != lm.EOS_ID))}
 
 
 @registry.register_problem
