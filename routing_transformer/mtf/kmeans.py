@@ -13,6 +13,7 @@ import mesh_tensorflow as mtf
 import tensorflow.compat.v1 as tf
 
 from routing_transformer import kmeans as tf_kmeans
+from routing_transformer.attention import common
 from routing_transformer.mtf import attention
 
 
@@ -21,8 +22,7 @@ def stateless_means_initializer(seed):
 
   def init(shape, dtype=tf.float32, partition_info=None):  # pylint: disable=unused-argument
     x = tf.random.stateless_normal(shape, seed=[seed, 0], dtype=tf.float32)
-    mean, variance = tf.nn.moments(x, axes=[-1], keepdims=True)
-    return tf.cast((x - mean) * tf.math.rsqrt(variance + attention.LN_EPSILON), dtype)
+    return tf.cast(common.layer_norm_no_scale(x, attention.LN_EPSILON), dtype)
 
   return init
 
@@ -68,8 +68,8 @@ class MtfKMeans(object):
              for x, a in zip(x_hats, clusters)]
     counts = mtf.add_n([s[0] for s in stats])
     sums = mtf.add_n([s[1] for s in stats])
-    new_count = self.ema_count * self.decay + counts * (1.0 - self.decay)
-    new_sums = self.ema_means * self.decay + sums * (1.0 - self.decay)
+    new_count, new_sums = tf_kmeans.ema_step(self.ema_count, self.ema_means, counts, sums,
+                                             self.decay)
     total = mtf.reduce_sum(new_count, reduced_dim=self.clusters_dim)  # [h]
     smoothed = (new_count + self.epsilon) / (total + self.clusters_dim.size * self.epsilon) * total
     new_means = new_sums / smoothed

@@ -50,12 +50,6 @@ def padded_vocab_size(vocab_size, hparams):
   return vocab_size + (-vocab_size) % divisor
 
 
-def mixed_layers(hparams):
-  """Whether some layer has both local and routing heads."""
-  return (hparams.sparsity_cluster_num_heads > 0 and hparams.local_num_heads > 0 and
-          hparams.sparsity_skip_first < hparams.num_decoder_layers)
-
-
 def head_dim_sizes(hparams):
   """Sizes of the head dimensions the model uses: {name: size}."""
   sizes = {}
@@ -160,7 +154,6 @@ class MtfRoutingTransformer(object):
         "relative": mtf.Dimension("relative", 2 * hparams.max_relative_position + 1),
     }
     self.update_ops = []
-    self.counts = {}
 
   # Small pieces.
 
@@ -196,10 +189,7 @@ class MtfRoutingTransformer(object):
       scale = mtf.get_variable(self.mesh, "layer_norm_scale", mtf.Shape([dim]),
                                initializer=tf.ones_initializer())
       bias = self.bias("layer_norm_bias", dim)
-    reduced = x.shape - dim
-    mean = mtf.reduce_mean(x, output_shape=reduced)
-    variance = mtf.reduce_mean(mtf.square(x - mean), output_shape=reduced)
-    return (x - mean) * mtf.rsqrt(variance + self.hparams.norm_epsilon) * scale + bias
+    return attention.layer_norm_no_scale(x, dim, self.hparams.norm_epsilon) * scale + bias
 
   def process(self, previous, x, sequence):
     """T2T layer_preprocess / layer_postprocess: 'a' add, 'n' norm, 'd' dropout."""
@@ -266,10 +256,8 @@ class MtfRoutingTransformer(object):
           clusters = [aux["query_clusters"]] + (
               [] if hparams.share_qk else [aux["key_clusters"]])
           loss = km.loss(aux["commitment_loss"], x_hats, clusters, weights)
-          if self.train and hparams.ema:
-            ops, counts = km.update(x_hats, clusters, weights)
-            self.update_ops += ops
-            self.counts[tf.get_variable_scope().name] = counts
+          if self.train:  # with ema=False only the EMA statistics move (MtfKMeans.update)
+            self.update_ops += km.update(x_hats, clusters, weights)[0]
         else:
           out = attention.local_attention(
               q, k, v, hparams.query_shape[0], hparams.memory_flange[0], n, d,
