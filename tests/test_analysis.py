@@ -57,8 +57,12 @@ def hparams(**overrides):
 def test_recorded_probabilities_reproduce_the_attention_outputs(rng, routing_mode):
   """probs @ v equals every head's real output; the pattern obeys causality and locality."""
   from routing_transformer import layers  # pylint: disable=g-import-not-at-top
+  from routing_transformer import attention  # pylint: disable=g-import-not-at-top
   n = 64
   records = []
+  original_layer = layers.self_attention
+  originals = {name: getattr(attention, name)
+               for name in ("routing_attention", "causal_window_attention", "local_attention")}
   with tf.Graph().as_default(), analysis.recording_attention(records):
     x = tf.constant(rng.normal(size=(2, n, 32)).astype(np.float32))
     layers.self_attention(x, hparams(routing_mode=routing_mode), 0, None)
@@ -66,7 +70,8 @@ def test_recorded_probabilities_reproduce_the_attention_outputs(rng, routing_mod
       sess.run(tf1.global_variables_initializer())
       fetched = sess.run([{k: v for k, v in r.items() if tf.is_tensor(v)} for r in records])
   assert [r["kind"] for r in records] == ["routing", "local"]
-  assert layers.self_attention.__name__ == "self_attention"  # restored after the block
+  assert layers.self_attention is original_layer  # restored after the block
+  assert all(getattr(attention, name) is f for name, f in originals.items())
   for record, values in zip(records, fetched):
     probs = values["probs"]
     np.testing.assert_allclose(probs @ values["values"], values["output"], rtol=1e-4, atol=1e-5)

@@ -85,7 +85,16 @@ def test_guard_can_be_switched_off():
       sess.run(train_op, {scale: float("nan")})  # no check: the step runs
 
 
-def test_reseeding_model_trains_a_step():
+def test_reseeding_model_trains_a_step(monkeypatch):
+  from routing_transformer import kmeans  # pylint: disable=g-import-not-at-top
+  calls = {"n": 0}
+  reseed_candidates = kmeans.reseed_candidates
+
+  def counted(*args, **kwargs):
+    calls["n"] += 1
+    return reseed_candidates(*args, **kwargs)
+
+  monkeypatch.setattr(kmeans, "reseed_candidates", counted)
   with tf.Graph().as_default():
     train_op, _, _, _ = build_training(overrides="reseed_dead_clusters=True")
     with tf.Session() as sess:
@@ -93,3 +102,4 @@ def test_reseeding_model_trains_a_step():
       sess.run(train_op)
       means = [v for v in tf.global_variables() if v.op.name.endswith("/means")]
       assert means and all(np.all(np.isfinite(m)) for m in sess.run(means))
+  assert calls["n"] > 0  # the hparam reached the centroid update

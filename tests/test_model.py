@@ -142,11 +142,13 @@ def test_without_ema_only_the_gradient_moves_the_centroids(rng):
     assert means in tf1.trainable_variables()
     step = tf1.train.GradientDescentOptimizer(1.0).minimize(losses["extra_loss"],
                                                             var_list=[means])
+    ema_count = [v for v in tf1.global_variables() if v.name.endswith("/ema_count:0")][0]
     with tf1.Session() as sess:
       sess.run(tf1.global_variables_initializer())
       before = sess.run(means)
       sess.run(losses)
       np.testing.assert_array_equal(sess.run(means), before)
+      assert sess.run(ema_count).sum() > 0  # the update ran: only the statistics moved
       sess.run(step)
       assert np.abs(sess.run(means) - before).max() > 0
 

@@ -58,6 +58,7 @@ def one_step(modules, mesh_shape, layout, initial=None, hp_overrides=None):
   hp.mesh_shape, hp.layout = mesh_shape, layout
   shape, rules = model.check_mtf_hparams(hp, VOCAB)
   with tf.Graph().as_default():
+    tf1.set_random_seed(7)  # the same initial weights whatever ran before in this process
     graph = mtf.Graph()
     mesh = mtf.Mesh(graph, "mesh")
     net = model.MtfRoutingTransformer(hp, mesh, VOCAB, train=True)

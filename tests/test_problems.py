@@ -8,7 +8,6 @@ import collections
 import glob
 import math
 import os
-import sys
 
 import numpy as np
 import pytest
@@ -17,15 +16,13 @@ import tensorflow.compat.v1 as tf
 import datasets
 from conftest import run_t2t
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-import t2t_usr_dir  # pylint: disable=g-import-not-at-top,unused-import,wrong-import-position
-from problems import enwik8  # pylint: disable=g-import-not-at-top,wrong-import-position
-from problems import lm  # pylint: disable=g-import-not-at-top,wrong-import-position
-from problems import shards  # pylint: disable=g-import-not-at-top,wrong-import-position
-from problems.errors import DataError  # pylint: disable=g-import-not-at-top,wrong-import-position
-from routing_transformer import perplexity  # pylint: disable=g-import-not-at-top,wrong-import-position
-from tensor2tensor.utils import registry  # pylint: disable=g-import-not-at-top,wrong-import-position
+import t2t_usr_dir  # pylint: disable=unused-import
+from problems import enwik8
+from problems import lm
+from problems import shards
+from problems.errors import DataError
+from routing_transformer import perplexity
+from tensor2tensor.utils import registry
 
 PG19_VOCAB = 300
 
