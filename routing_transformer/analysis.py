@@ -28,7 +28,10 @@ import sys
 
 import numpy as np
 
-LN2 = float(np.log(2.0))
+from routing_transformer import curves
+from routing_transformer import perplexity
+
+LN2 = perplexity.LN2
 PAIR_KINDS = ("local-local", "local-routing", "routing-routing")
 
 
@@ -161,7 +164,7 @@ def recording_attention(records):
     return result
 
   def self_attention(x, hparams, layer_index, padding, causal=True, train=False):
-    current.update(layer=layer_index, causal=causal)
+    current.update(layer=layer_index)
     try:
       return original_layer(x, hparams, layer_index, padding, causal=causal, train=train)
     finally:
@@ -220,10 +223,11 @@ def collect(checkpoint_dir, problem=None, data_dir=None, hparams_set=None, num_s
   from tensor2tensor.utils import trainer_lib  # pylint: disable=g-import-not-at-top
   tf.get_logger().setLevel("ERROR")
   tf1 = tf.compat.v1
-  checkpoint = tf.train.latest_checkpoint(checkpoint_dir)
-  if checkpoint is None:
-    raise SystemExit("analysis: no checkpoint in %s; pass the --output_dir of a t2t-trainer run."
-                     % checkpoint_dir)
+  from routing_transformer import checkpoints  # pylint: disable=g-import-not-at-top
+  try:
+    checkpoint = checkpoints.find_checkpoint(checkpoint_dir)
+  except checkpoints.CheckpointError as e:
+    raise SystemExit("analysis: %s" % e)
   flags = run_flags(checkpoint_dir)
   problem = problem or flags.get("problem")
   data_dir = os.path.expanduser(data_dir or flags.get("data_dir", ""))
@@ -290,9 +294,7 @@ def js_markdown(table):
 
 def plot_patterns(ids, records, path, sequence=0):
   """Figure 1: one local and one routing head (top routing layer, or the top layer)."""
-  import matplotlib  # pylint: disable=g-import-not-at-top
-  matplotlib.use("Agg")
-  from matplotlib import pyplot as plt  # pylint: disable=g-import-not-at-top
+  plt = curves.pyplot()
   layers = layer_heads(records)
   routing_layers = [layer for layer, (_, _, r) in layers.items() if r is not None]
   layer = routing_layers[-1] if routing_layers else max(layers)
@@ -328,9 +330,7 @@ def plot_patterns(ids, records, path, sequence=0):
 
 def plot_occupancy(ids, records, path):
   """Cluster occupancy per routing layer: grouped bars (clusters x heads)."""
-  import matplotlib  # pylint: disable=g-import-not-at-top
-  matplotlib.use("Agg")
-  from matplotlib import pyplot as plt  # pylint: disable=g-import-not-at-top
+  plt = curves.pyplot()
   routing = [(layer, r) for layer, (_, _, r) in layer_heads(records).items() if r is not None]
   shares = {}
   fig, axes = plt.subplots(1, max(len(routing), 1), figsize=(6 * max(len(routing), 1), 4),
@@ -359,9 +359,7 @@ def plot_occupancy(ids, records, path):
 
 def plot_js(table, path):
   """Table 6 as a figure: rows layers, columns pair kinds."""
-  import matplotlib  # pylint: disable=g-import-not-at-top
-  matplotlib.use("Agg")
-  from matplotlib import pyplot as plt  # pylint: disable=g-import-not-at-top
+  plt = curves.pyplot()
   cells = [["%.4f" % row[k]["mean"] if k in row else "-" for k in PAIR_KINDS]
            for row in table.values()]
   fig, ax = plt.subplots(figsize=(6.5, 0.6 + 0.4 * (len(cells) + 1)))

@@ -73,7 +73,17 @@ def _compile(template):
   return re.compile(pattern + r"\Z")
 
 
-_RULES = tuple((_compile(ours), ours, _compile(orig), orig) for ours, orig in LEGACY_NAMES)
+_TO_OURS = tuple((_compile(orig), ours) for ours, orig in LEGACY_NAMES)
+_TO_ORIGINAL = tuple((_compile(ours), orig) for ours, orig in LEGACY_NAMES)
+
+
+def _rename(rest, rules):
+  """The first rule's template filled with its match of `rest`; `rest` when none matches."""
+  for regex, template in rules:
+    match = regex.match(rest)
+    if match:
+      return template.format(**match.groupdict())
+  return rest
 
 
 def _split_model(name):
@@ -89,12 +99,7 @@ def from_original(name, model="routing_transformer"):
   scope, rest = _split_model(name)
   if scope != ORIGINAL_MODEL:
     return name
-  for _, ours, orig_re, _ in _RULES:
-    match = orig_re.match(rest)
-    if match:
-      rest = ours.format(**match.groupdict())
-      break
-  return "%s/body/%s" % (model, rest)
+  return "%s/body/%s" % (model, _rename(rest, _TO_OURS))
 
 
 def to_original(name):
@@ -102,12 +107,7 @@ def to_original(name):
   scope, rest = _split_model(name)
   if scope is None:
     return name
-  for ours_re, _, _, orig in _RULES:
-    match = ours_re.match(rest)
-    if match:
-      rest = orig.format(**match.groupdict())
-      break
-  return "%s/body/%s" % (ORIGINAL_MODEL, rest)
+  return "%s/body/%s" % (ORIGINAL_MODEL, _rename(rest, _TO_ORIGINAL))
 
 
 def _is_kmeans(name):
@@ -171,7 +171,11 @@ def check_restorable(model_dir, variables, limit=8):
 
 def read_variables(path):
   """{name: (shape tuple, dtype)} of a checkpoint (prefix or directory)."""
-  reader = tf.train.load_checkpoint(find_checkpoint(path))
+  return variables_of(tf.train.load_checkpoint(find_checkpoint(path)))
+
+
+def variables_of(reader):
+  """{name: (shape tuple, dtype)} of an open checkpoint reader."""
   shapes, dtypes = reader.get_variable_to_shape_map(), reader.get_variable_to_dtype_map()
   return {name: (tuple(shapes[name]), dtypes[name]) for name in shapes}
 
@@ -392,9 +396,9 @@ def convert(source, output_dir, hparams=None, model="routing_transformer",
       existing checkpoint in output_dir; nothing is written then.
   """
   source = find_checkpoint(source)
-  variables = read_variables(source)
-  report = plan(variables, hparams, model, optimizer_slots)
   reader = tf.train.load_checkpoint(source)
+  variables = variables_of(reader)
+  report = plan(variables, hparams, model, optimizer_slots)
   step = int(reader.get_tensor(GLOBAL_STEP)) if GLOBAL_STEP in variables else 0
   report = report._replace(global_step=step)
   if not _ok(report) or (strict and report.unused):

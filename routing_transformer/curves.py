@@ -13,6 +13,14 @@ import os
 TAG = "loss"
 
 
+def pyplot():
+  """matplotlib's pyplot on the file-only Agg backend (imported on first use, not with us)."""
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use("Agg")
+  from matplotlib import pyplot as plt  # pylint: disable=g-import-not-at-top
+  return plt
+
+
 def read_scalars(paths, tag):
   """(step, wall_time, value) of every `tag` event in the event files, sorted by step."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
@@ -43,9 +51,7 @@ def plot_runs(runs, path, tag=TAG):
   Returns:
     {label: run_curves(run_dir)}.
   """
-  import matplotlib  # pylint: disable=g-import-not-at-top
-  matplotlib.use("Agg")
-  from matplotlib import pyplot as plt  # pylint: disable=g-import-not-at-top
+  plt = pyplot()
   data = {}
   fig, (by_step, by_time) = plt.subplots(1, 2, figsize=(11, 4))
   for i, (label, run_dir) in enumerate(runs):

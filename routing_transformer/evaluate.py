@@ -98,14 +98,12 @@ def evaluate(problem_name, hparams_set, checkpoint, data_dir, split="dev",
                           "%.4f nats/token", problem_name, split, examples, tokens,
                           tokens / (last - start), total_nll / max(tokens, 1))
   stats = {}
-  if hasattr(problem, "split_stats"):
-    stats = problem.split_stats(data_dir, split)
-    if not max_examples and stats.get("tokens") not in (None, tokens):
+  if hasattr(problem, "split_stats") and not max_examples:  # datagen's counts (words, books)
+    stats = problem.split_stats(data_dir, split)           # describe the whole split only
+    if stats.get("tokens") not in (None, tokens):
       raise EvaluationError("Scored %d tokens but datagen recorded %d for %s %s; are examples "
                             "longer than max_target_length=%d?" % (tokens, stats["tokens"],
                                                                    problem_name, split, length))
-  if max_examples:
-    stats = {}  # datagen's counts (words, books) describe the whole split only
   stats["split"] = split
   report = (problem.report(total_nll, tokens, stats) if hasattr(problem, "report")
             else {"total_nll": total_nll, "tokens": tokens,

@@ -23,6 +23,7 @@ import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)  # the project's packages (imported where needed: TF loads slowly)
 BIN = os.path.dirname(sys.executable)
 PROBLEM = "synthetic_long_range"
 MODELS = [("routing", "routing_transformer_tiny"), ("local", "local_transformer_tiny")]
@@ -60,14 +61,9 @@ def eval_metrics(run_dir):
 
 def train_speed(run_dir):
   """Median global_step/sec over training, from the run's train event file."""
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  speeds = []
-  for path in glob.glob(os.path.join(run_dir, "events.out.tfevents.*")):
-    for event in tf.compat.v1.train.summary_iterator(path):
-      for v in event.summary.value:
-        if v.tag == "global_step/sec":
-          speeds.append(v.simple_value)
-  speeds.sort()
+  from routing_transformer import curves  # pylint: disable=g-import-not-at-top
+  paths = glob.glob(os.path.join(run_dir, "events.out.tfevents.*"))
+  speeds = sorted(value for _, _, value in curves.read_scalars(paths, "global_step/sec"))
   return speeds[len(speeds) // 2] if speeds else float("nan")
 
 
@@ -75,7 +71,6 @@ def far_predictions(run_dir, hparams_set, data_dir, num=3):
   """Greedy next-token predictions at the far positions of `num` eval sequences."""
   import numpy as np  # pylint: disable=g-import-not-at-top
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  sys.path.insert(0, ROOT)
   import t2t_usr_dir  # pylint: disable=g-import-not-at-top,unused-import
   from problems import synthetic  # pylint: disable=g-import-not-at-top
   from tensor2tensor.utils import registry  # pylint: disable=g-import-not-at-top
@@ -103,7 +98,6 @@ def far_predictions(run_dir, hparams_set, data_dir, num=3):
 
 def decode_samples(run_dir, hparams_set, data_dir, output, num=3, extra_length=32):
   """t2t-decoder on prompts cut before the query section; returns (rows, recalled, pairs)."""
-  sys.path.insert(0, ROOT)
   from problems import synthetic  # pylint: disable=g-import-not-at-top
   sequences = synthetic.generate_samples(synthetic.EVAL_SEED, num)
   prompts = [" ".join(synthetic.token_name(i) for i in seq[:synthetic.QUERY_START])
@@ -211,7 +205,6 @@ def main():
 
 def pictures(output, data_dir):
   """Analysis of the routing run and training curves of both runs (PNGs under `output`)."""
-  sys.path.insert(0, ROOT)
   from routing_transformer import analysis  # pylint: disable=g-import-not-at-top
   from routing_transformer import curves  # pylint: disable=g-import-not-at-top
   log("analysis of the routing run (attention patterns, occupancy, head JS divergence)")

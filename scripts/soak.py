@@ -74,11 +74,15 @@ def main():
   log_path = os.path.join(args.output_dir, "trainer.log")
   os.makedirs(args.output_dir, exist_ok=True)
   start = time.time()
-  rates, memory, max_checkpoints, peak = [], [], 0, 0.0
-  with open(log_path, "w") as log:
+  rates, memory, max_checkpoints, peak, evaluations = [], [], 0, 0.0, 0
+  with open(log_path, "w") as log, open(log_path) as reader:  # reader: only the new lines
+
+    def read_new_lines():
+      lines = reader.readlines()
+      return lines, sum(line.count("Saving dict for global step") for line in lines)
+
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
                             env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
-    seen = 0
     while time.time() - start < args.minutes * 60 and proc.poll() is None:
       time.sleep(5)
       now = time.time() - start
@@ -86,13 +90,12 @@ def main():
       if mem:
         memory.append((now, mem[0]))
         peak = max(peak, mem[1])
-      with open(log_path) as f:
-        lines = f.read().splitlines()
-      for line in lines[seen:]:
+      lines, saved = read_new_lines()
+      evaluations += saved
+      for line in lines:
         m = re.search(r"global_step/sec: ([0-9.]+)", line)
         if m and "INFO:tensorflow" in line:
           rates.append((now, float(m.group(1))))
-      seen = len(lines)
       max_checkpoints = max(max_checkpoints,
                             len(glob.glob(os.path.join(run_dir, "model.ckpt-*.index"))))
     crashed = proc.poll() is not None
@@ -102,8 +105,7 @@ def main():
         proc.wait(timeout=120)
       except subprocess.TimeoutExpired:
         proc.kill()
-  with open(log_path) as f:
-    text = f.read()
+    evaluations += read_new_lines()[1]
   steps = [int(s) for s in re.findall(r"model\.ckpt-(\d+)\.index", " ".join(
       glob.glob(os.path.join(run_dir, "model.ckpt-*.index"))))]
   report = {
@@ -117,7 +119,7 @@ def main():
       "peak_rss_mb": round(peak, 1),
       "checkpoints_on_disk_max": max_checkpoints,
       "keep_checkpoint_max": args.keep_checkpoint_max,
-      "evaluations": text.count("Saving dict for global step") // 2,
+      "evaluations": evaluations // 2,
   }
   if report["steps_per_s_first_fifth"] and report["steps_per_s_last_fifth"]:
     report["steps_per_s_drift"] = report["steps_per_s_last_fifth"] / report[
