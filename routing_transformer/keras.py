@@ -173,8 +173,7 @@ class RoutingSelfAttention(tf.keras.layers.Layer):
 
   def update_centroids(self, aux):
     """One EMA step (kmeans.ema_step + smoothed_means) from the routing aux of this batch."""
-    x_hats = [aux["q_hat"]] + ([] if self.share_qk else [aux["k_hat"]])
-    clusters = [aux["query_clusters"]] + ([] if self.share_qk else [aux["key_clusters"]])
+    x_hats, clusters = kmeans.routed_vectors(aux, self.share_qk)
     counts, sums = kmeans.combined_statistics(x_hats, clusters, self.num_clusters,
                                               aux["weights"])
     new_count, new_sums = kmeans.ema_step(self.ema_count, self.ema_means, counts, sums,

@@ -45,6 +45,14 @@ def cluster_statistics(x_hat, clusters, num_clusters, weights):
           tf.reshape(sums, [heads, num_clusters, depth]))
 
 
+def routed_vectors(aux, share_qk):
+  """(x_hats, clusters) the centroids learn from, out of a routing attention's aux dict: the
+  queries, and the keys too when they are routed separately (share_qk=False)."""
+  if share_qk:
+    return [aux["q_hat"]], [aux["query_clusters"]]
+  return [aux["q_hat"], aux["k_hat"]], [aux["query_clusters"], aux["key_clusters"]]
+
+
 def combined_statistics(x_hats, clusters, num_clusters, weights):
   """Sum of `cluster_statistics` over several vector sets (queries and keys): one update."""
   counts, sums = 0.0, 0.0

@@ -139,8 +139,7 @@ def self_attention(x, hparams, layer_index, padding, causal=True, train=False):
           q_r, k_r, v_r, km.means, hparams.sparsity_cluster_attention_window, causal=causal,
           share_qk=hparams.share_qk, padding=padding, relative_keys=rel_k,
           relative_values=rel_v, random_routing=hparams.random_routing)
-    x_hats = [aux["q_hat"]] + ([] if hparams.share_qk else [aux["k_hat"]])
-    clusters = [aux["query_clusters"]] + ([] if hparams.share_qk else [aux["key_clusters"]])
+    x_hats, clusters = kmeans.routed_vectors(aux, hparams.share_qk)
     loss = km.loss(aux["commitment_loss"], x_hats, clusters, aux["weights"])
     step = KMeansStep(km, x_hats, clusters, aux["weights"]) if train else None
     outputs.append(out)

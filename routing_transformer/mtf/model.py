@@ -22,6 +22,7 @@ import mesh_tensorflow as mtf
 import numpy as np
 import tensorflow.compat.v1 as tf
 
+from routing_transformer import kmeans as tf_kmeans
 from routing_transformer import layers as tf_layers
 from routing_transformer.mtf import attention
 from routing_transformer.mtf import kmeans
@@ -252,9 +253,7 @@ class MtfRoutingTransformer(object):
               dict(batch=b, heads=h, length=n, d_head=d, clusters=dims["clusters"]),
               share_qk=hparams.share_qk, weights=weights,
               relative=self.relative_tables(hparams.sparsity_cluster_relative))
-          x_hats = [aux["q_hat"]] + ([] if hparams.share_qk else [aux["k_hat"]])
-          clusters = [aux["query_clusters"]] + (
-              [] if hparams.share_qk else [aux["key_clusters"]])
+          x_hats, clusters = tf_kmeans.routed_vectors(aux, hparams.share_qk)
           loss = km.loss(aux["commitment_loss"], x_hats, clusters, weights)
           if self.train:  # with ema=False only the EMA statistics move (MtfKMeans.update)
             self.update_ops += km.update(x_hats, clusters, weights)[0]
