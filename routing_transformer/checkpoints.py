@@ -25,7 +25,18 @@ import sys
 import numpy as np
 import tensorflow as tf
 
+from routing_transformer import checkpoint_files
+from routing_transformer import model as model_lib
+
 tf1 = tf.compat.v1
+
+# The checkpoint-file helpers, under the names callers of this module use.
+CheckpointError = checkpoint_files.CheckpointError
+CheckpointMismatchError = checkpoint_files.CheckpointMismatchError
+find_checkpoint = checkpoint_files.find_checkpoint
+read_variables = checkpoint_files.read_variables
+variables_of = checkpoint_files.variables_of
+write_checkpoint = checkpoint_files.write_checkpoint
 
 ORIGINAL_MODEL = "sparse_transformer"
 GLOBAL_STEP = "global_step"
@@ -54,15 +65,6 @@ LEGACY_NAMES = (
     ("{attn}/routing/{table}/embeddings",
      "{attn}/attention_nd/cluster_attention/cluster_attention/{table}/embeddings"),
 )
-
-
-class CheckpointError(ValueError):
-  """A checkpoint that cannot be converted or restored; the message names the fix."""
-
-
-class CheckpointMismatchError(CheckpointError):
-  """A checkpoint in the output directory cannot be restored into the model being built."""
-  one_line = True
 
 
 def _compile(template):
@@ -119,71 +121,9 @@ def _is_model_variable(name, scope):
   return name.startswith(scope + "/body/")
 
 
-def find_checkpoint(path):
-  """A checkpoint prefix from a prefix or a directory (latest checkpoint); clear error if none."""
-  if tf.io.gfile.isdir(path):
-    latest = tf.train.latest_checkpoint(path)
-    if latest is None:
-      found = tf.io.gfile.glob(os.path.join(path, "*.index"))
-      if not found:
-        raise CheckpointError("no checkpoint in directory %s (no `checkpoint` file and no "
-                              "*.index); pass the checkpoint prefix, e.g. DIR/model.ckpt-3530000"
-                              % path)
-      latest = sorted(found)[-1][:-len(".index")]
-    return latest
-  if not tf.io.gfile.exists(path + ".index"):
-    raise CheckpointError("checkpoint %s not found (no %s.index); pass a checkpoint prefix or the "
-                          "directory holding it" % (path, path))
-  return path
-
-
-def restore_mismatches(stored, variables):
-  """Graph variables a checkpoint cannot restore: [(name, stored shape or None, graph shape)].
-
-  stored: {name: (shape, dtype)} as from `read_variables`; variables: tf Variables of a graph.
-  """
-  out = []
-  for v in variables:
-    name, shape = v.op.name, tuple(v.shape.as_list())
-    if name not in stored:
-      out.append((name, None, shape))
-    elif tuple(stored[name][0]) != shape:
-      out.append((name, tuple(stored[name][0]), shape))
-  return out
-
-
-def check_restorable(model_dir, variables, limit=8):
-  """Raises CheckpointMismatchError when the latest checkpoint in `model_dir` (if any) cannot
-  restore `variables`, e.g. a checkpoint written with another hparams set."""
-  latest = tf.train.latest_checkpoint(model_dir) if model_dir else None
-  if not latest:
-    return
-  bad = restore_mismatches(read_variables(latest), variables)
-  if bad:
-    shown = ["%s (checkpoint %s, model %s)" % (n, "missing" if s is None else list(s), list(g))
-             for n, s, g in bad[:limit]]
-    raise CheckpointMismatchError(
-        "the checkpoint %s does not fit this model: %d variable(s) differ: %s%s. It was written "
-        "with other hparams (or model); use the same --hparams_set/--hparams, or a new "
-        "--output_dir." % (latest, len(bad), "; ".join(shown),
-                           " ..." if len(bad) > limit else ""))
-
-
-def read_variables(path):
-  """{name: (shape tuple, dtype)} of a checkpoint (prefix or directory)."""
-  return variables_of(tf.train.load_checkpoint(find_checkpoint(path)))
-
-
-def variables_of(reader):
-  """{name: (shape tuple, dtype)} of an open checkpoint reader."""
-  shapes, dtypes = reader.get_variable_to_shape_map(), reader.get_variable_to_dtype_map()
-  return {name: (tuple(shapes[name]), dtypes[name]) for name in shapes}
-
-
 def model_variables(hparams, vocab_size, model="routing_transformer",
                     mode=tf.estimator.ModeKeys.EVAL):
   """{name: shape} of every variable our model creates for `hparams` (built in a fresh graph)."""
-  from routing_transformer import model as model_lib  # pylint: disable=g-import-not-at-top
   from tensor2tensor.data_generators import problem_hparams  # pylint: disable=g-import-not-at-top
   cls = {"routing_transformer": model_lib.RoutingTransformer,
          "sparse_transformer": model_lib.SparseTransformer}[model]
@@ -364,17 +304,6 @@ def _zero_slots(report, variables, hparams, written):
       if name not in written:
         out[name] = np.zeros(shape, np.float32)
   return out
-
-
-def write_checkpoint(prefix, tensors):
-  """Writes {name: numpy array} as a TF checkpoint at `prefix` (V2 format, tf.io.gfile paths)."""
-  names = sorted(tensors)
-  with tf.Graph().as_default():
-    holders = [tf1.placeholder(tf.as_dtype(tensors[n].dtype), tensors[n].shape) for n in names]
-    save = tf.raw_ops.SaveV2(prefix=prefix, tensor_names=names,
-                             shape_and_slices=[""] * len(names), tensors=holders)
-    with tf1.Session() as sess:
-      sess.run(save, {h: tensors[n] for h, n in zip(holders, names)})
 
 
 def convert(source, output_dir, hparams=None, model="routing_transformer",

@@ -5,6 +5,7 @@ Shapes: x [b, n, hidden]; heads are [b, h, n, d_head] with d_head = hidden / hea
 import tensorflow as tf
 
 from routing_transformer import attention
+from routing_transformer import heads
 from routing_transformer.attention import incremental
 from routing_transformer.attention import routing
 from routing_transformer import kmeans
@@ -16,20 +17,6 @@ tf1 = tf.compat.v1
 def dense(x, units, name, use_bias=False):
   """Dense over the last axis (tf.compat.v1 variables `name/kernel`, `name/bias`)."""
   return tf1.layers.dense(x, units, use_bias=use_bias, name=name)
-
-
-def split_heads(x, heads):
-  """[b, n, h * d] -> [b, h, n, d]."""
-  shape = common_layers.shape_list(x)
-  x = tf.reshape(x, shape[:2] + [heads, shape[2] // heads])
-  return tf.transpose(x, [0, 2, 1, 3])
-
-
-def combine_heads(x):
-  """[b, h, n, d] -> [b, n, h * d]."""
-  shape = common_layers.shape_list(x)
-  x = tf.transpose(x, [0, 2, 1, 3])
-  return tf.reshape(x, [shape[0], shape[2], shape[1] * shape[3]])
 
 
 def relative_tables(hparams, depth, enabled):
@@ -74,10 +61,10 @@ def head_counts(hparams, layer_index):
 def projections(x, hparams, layer_index):
   """q (scaled by d^-0.5), k, v: [b, n, hidden] -> 3 x [b, heads, n, d]."""
   num_routing, num_local, depth = head_counts(hparams, layer_index)
-  heads = num_routing + num_local
-  q = split_heads(dense(x, hparams.hidden_size, "q"), heads) * depth ** -0.5
-  k = split_heads(dense(x, hparams.hidden_size, "k"), heads)
-  v = split_heads(dense(x, hparams.hidden_size, "v"), heads)
+  num_heads = num_routing + num_local
+  q = heads.split_heads(dense(x, hparams.hidden_size, "q"), num_heads) * depth ** -0.5
+  k = heads.split_heads(dense(x, hparams.hidden_size, "k"), num_heads)
+  v = heads.split_heads(dense(x, hparams.hidden_size, "v"), num_heads)
   return q, k, v
 
 
@@ -105,7 +92,15 @@ def attention_output(out, hparams, train=False):
       hparams.attention_dropout else out
   if hparams.head_dense:  # one [d, d] map shared by all heads, as in the released model
     out = dense(out, out.shape[-1], "head_dense")
-  return dense(combine_heads(out), hparams.hidden_size, "output_transform")
+  return dense(heads.combine_heads(out), hparams.hidden_size, "output_transform")
+
+
+def head_config(hparams):
+  """The heads.HeadConfig of a model's hparams."""
+  return heads.HeadConfig(
+      window=hparams.sparsity_cluster_attention_window, block_length=hparams.query_shape[0],
+      flange=hparams.memory_flange[0], share_qk=hparams.share_qk,
+      routing_mode=hparams.routing_mode, random_routing=hparams.random_routing)
 
 
 def self_attention(x, hparams, layer_index, padding, causal=True, train=False):
@@ -123,33 +118,19 @@ def self_attention(x, hparams, layer_index, padding, causal=True, train=False):
   """
   num_routing, num_local, _ = head_counts(hparams, layer_index)
   q, k, v = projections(x, hparams, layer_index)
-  outputs, loss, step = [], 0.0, None
+  loss, step = 0.0, None
+  means, routing_tables, local_tables = None, (None, None), (None, None)
   if num_routing:
     km, rel_k, rel_v = routing_variables(hparams, layer_index)
-    q_r, k_r, v_r = q[:, :num_routing], k[:, :num_routing], v[:, :num_routing]
-    if hparams.share_qk:
-      k_r = q_r
-    if causal and hparams.routing_mode == "causal_window":
-      out, aux = attention.causal_window_attention(
-          q_r, k_r, v_r, km.means, hparams.sparsity_cluster_attention_window,
-          share_qk=hparams.share_qk, padding=padding, relative_keys=rel_k,
-          relative_values=rel_v)
-    else:  # "topk" (paper routing); encoders always use it
-      out, aux = attention.routing_attention(
-          q_r, k_r, v_r, km.means, hparams.sparsity_cluster_attention_window, causal=causal,
-          share_qk=hparams.share_qk, padding=padding, relative_keys=rel_k,
-          relative_values=rel_v, random_routing=hparams.random_routing)
+    means, routing_tables = km.means, (rel_k, rel_v)
+  if num_local:
+    local_tables = local_variables(hparams, layer_index)
+  out, aux = heads.mixed_heads(q, k, v, num_routing, head_config(hparams), causal, padding,
+                               means, routing_tables, local_tables)
+  if num_routing:
     x_hats, clusters = kmeans.routed_vectors(aux, hparams.share_qk)
     loss = km.loss(aux["commitment_loss"], x_hats, clusters, aux["weights"])
     step = KMeansStep(km, x_hats, clusters, aux["weights"]) if train else None
-    outputs.append(out)
-  if num_local:
-    rel_k, rel_v = local_variables(hparams, layer_index)
-    outputs.append(attention.local_attention(
-        q[:, num_routing:], k[:, num_routing:], v[:, num_routing:], hparams.query_shape[0],
-        hparams.memory_flange[0], causal=causal, relative_keys=rel_k, relative_values=rel_v,
-        padding=None if causal else padding, scale=1.0))
-  out = tf.concat(outputs, axis=1) if len(outputs) > 1 else outputs[0]
   return attention_output(out, hparams, train), loss, step
 
 
@@ -245,8 +226,8 @@ def self_attention_step(x, hparams, layer_index, cache, position):
 def encdec_memory(memory, hparams):
   """Keys and values of the encoder output for encdec_attention: 2 x [b, heads, m, d]."""
   num_heads = hparams.local_num_heads + hparams.sparsity_cluster_num_heads
-  k = split_heads(dense(memory, hparams.hidden_size, "k"), num_heads)
-  v = split_heads(dense(memory, hparams.hidden_size, "v"), num_heads)
+  k = heads.split_heads(dense(memory, hparams.hidden_size, "k"), num_heads)
+  v = heads.split_heads(dense(memory, hparams.hidden_size, "v"), num_heads)
   return k, v
 
 
@@ -265,7 +246,7 @@ def encdec_attention(x, memory, hparams, memory_padding, position=None):
   """
   num_heads = hparams.local_num_heads + hparams.sparsity_cluster_num_heads
   depth = hparams.hidden_size // num_heads
-  q = split_heads(dense(x, hparams.hidden_size, "q"), num_heads) * depth ** -0.5
+  q = heads.split_heads(dense(x, hparams.hidden_size, "q"), num_heads) * depth ** -0.5
   k, v = memory if isinstance(memory, tuple) else encdec_memory(memory, hparams)
   target_length = hparams.max_target_length or hparams.max_length
   block = hparams.memory_query_shape[0]
@@ -278,7 +259,7 @@ def encdec_attention(x, memory, hparams, memory_padding, position=None):
                                     padding=memory_padding, scale=1.0)
   else:
     out = attention.full_attention(q, k, v, causal=False, padding=memory_padding, scale=1.0)
-  return dense(combine_heads(out), hparams.hidden_size, "output_transform")
+  return dense(heads.combine_heads(out), hparams.hidden_size, "output_transform")
 
 
 def ffn(x, hparams, train=False):

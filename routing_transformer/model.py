@@ -14,7 +14,7 @@ import collections
 
 import tensorflow as tf
 
-from routing_transformer import checkpoints
+from routing_transformer import checkpoint_files
 from routing_transformer import compat
 from routing_transformer import health
 from routing_transformer import kmeans
@@ -248,7 +248,7 @@ class RoutingTransformer(t2t_model.T2TModel):
     self._kmeans_steps = collections.OrderedDict()
     sharded_logits, losses = super(RoutingTransformer, self).model_fn_sharded(sharded_features)
     if self.hparams.mode != tf.estimator.ModeKeys.PREDICT:  # decoding may name its checkpoint
-      checkpoints.check_restorable(self.hparams.get("model_dir"), tf1.global_variables())
+      checkpoint_files.check_restorable(self.hparams.get("model_dir"), tf1.global_variables())
     if self.is_train and self._kmeans_steps:
       updates = [self.centroid_update(steps) for steps in self._kmeans_steps.values()]
       with tf.control_dependencies(updates):
