@@ -75,6 +75,9 @@ def sparse_transformer_local():
       add_timing_signal=False,
       routing_mode="topk",       # "topk" (paper) or "causal_window" (strictly causal)
       random_routing=False,      # Random Transformer baseline: members drawn at random
+      # Legacy switch for original-release checkpoints trained with share_qk=False: causal keys
+      # routed by their own centroid scores, rank-triangle mask (attention/routing.py).
+      legacy_causal_key_routing=False,
       head_dense=True,           # shared per-head [d_head, d_head] map after attention
       nucleus_sampling=0.9,
       sampling_keep_top_k=-1,

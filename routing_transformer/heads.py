@@ -12,12 +12,13 @@ import tensorflow as tf
 from routing_transformer import attention
 
 HeadConfig = collections.namedtuple("HeadConfig", [
-    "window", "block_length", "flange", "share_qk", "routing_mode", "random_routing"])
+    "window", "block_length", "flange", "share_qk", "routing_mode", "random_routing",
+    "legacy_causal_key_routing"])
 HeadConfig.__doc__ = """How a layer's heads attend (the attention functions' static arguments).
 
 window: members per routing cluster; block_length, flange: the local heads' blocks (query_shape,
-memory_flange); share_qk, routing_mode ("topk" | "causal_window"), random_routing: as the hparams
-of the same names.
+memory_flange); share_qk, routing_mode ("topk" | "causal_window"), random_routing,
+legacy_causal_key_routing: as the hparams of the same names.
 """
 
 
@@ -57,7 +58,8 @@ def routing_heads_attention(q, k, v, means, config, causal=True, padding=None,
         relative_keys=rel_k, relative_values=rel_v)
   return attention.routing_attention(
       q, k, v, means, config.window, causal=causal, share_qk=config.share_qk, padding=padding,
-      relative_keys=rel_k, relative_values=rel_v, random_routing=config.random_routing)
+      relative_keys=rel_k, relative_values=rel_v, random_routing=config.random_routing,
+      legacy_causal_key_routing=config.legacy_causal_key_routing)
 
 
 def local_heads_attention(q, k, v, config, causal=True, padding=None, tables=(None, None)):

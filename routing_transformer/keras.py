@@ -150,7 +150,8 @@ class RoutingSelfAttention(tf.keras.layers.Layer):
     """The heads.HeadConfig of this layer."""
     return heads.HeadConfig(window=self.window, block_length=self.block_length,
                             flange=self.flange, share_qk=self.share_qk,
-                            routing_mode=self.routing_mode, random_routing=False)
+                            routing_mode=self.routing_mode, random_routing=False,
+                            legacy_causal_key_routing=False)
 
   def update_centroids(self, aux):
     """One EMA step of the centroids (`kmeans.assign_ema_update`) from this routing aux."""

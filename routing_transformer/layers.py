@@ -100,7 +100,8 @@ def head_config(hparams):
   return heads.HeadConfig(
       window=hparams.sparsity_cluster_attention_window, block_length=hparams.query_shape[0],
       flange=hparams.memory_flange[0], share_qk=hparams.share_qk,
-      routing_mode=hparams.routing_mode, random_routing=hparams.random_routing)
+      routing_mode=hparams.routing_mode, random_routing=hparams.random_routing,
+      legacy_causal_key_routing=hparams.legacy_causal_key_routing)
 
 
 def self_attention(x, hparams, layer_index, padding, causal=True, train=False):

@@ -70,6 +70,9 @@ def check_hparams(hparams, length=None):
       problems.append("sparsity_cluster_size * sparsity_cluster_attention_window = %d * %d < "
                       "length %d leaves tokens out of every cluster; use sparsity_cluster_size "
                       ">= %d" % (clusters, window, length, -(-length // window)))
+  if hparams.legacy_causal_key_routing and hparams.routing_mode != "topk":
+    problems.append("legacy_causal_key_routing=True reproduces the original's top-k routing; "
+                    "use it with routing_mode='topk'")
   if hparams.routing_mode not in ("topk", "causal_window"):
     problems.append("routing_mode=%r is not supported; use 'topk' (paper routing) or "
                     "'causal_window' (strictly causal)" % hparams.routing_mode)

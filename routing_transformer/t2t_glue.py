@@ -173,6 +173,11 @@ def guard_create_estimator():
         decoding.sampling_settings(hparams, decode_hp)
       except decoding.DecodeError as e:
         sys.exit("error: sampling settings (--hparams/--decode_hparams): %s" % e)
+      if hparams.get("fast_decode", True):
+        try:
+          decoding.check_cached_decoding(hparams)
+        except decoding.DecodeError as e:
+          sys.exit("error: %s" % e)
     return original(model_name, hparams, run_config, *args, **kwargs)
 
   create_estimator._routing_guard = True  # pylint: disable=protected-access

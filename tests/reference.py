@@ -160,3 +160,34 @@ def causal_window(q, k, v, centroids, window, share_qk=True, padding=None, rel_k
       distance = rank[None, :] - rank[:, None]
       out[b, h] = attend(q_hat[b, h], k_hat[b, h], v[b, h], allowed, distance, rel_k, rel_v)
   return out, clusters
+
+
+def original_causal_routing(q, k, v, centroids, window, rel_k=None, rel_v=None):
+  """The original release's causal routing with separate keys (share_qk=False), as its utils.py
+  computes it (clustered_local_attention_helper with masked=True, no padding): per centroid, the
+  query list is the top-`window` positions by the queries' scores and the key/value list the
+  top-`window` positions by the keys' own scores, each sorted ascending; the window x window
+  block is masked with the lower triangle on ranks (query rank i sees key ranks j <= i, whatever
+  the positions), relative distances are rank distances, and outputs are summed back onto the
+  query positions divided by (count + 1e-2). Returns [b, h, n, d]."""
+  bsz, heads, n, _ = q.shape
+  q_hat, k_hat = layer_norm(q), layer_norm(k)
+  out = np.zeros(q.shape[:3] + (v.shape[-1],))
+  ranks = np.arange(window)
+  distance = ranks[None, :] - ranks[:, None]  # key rank - query rank
+  below = np.tri(window, window, dtype=bool)  # attention_bias_lower_triangle
+  for b in range(bsz):
+    for h in range(heads):
+      dist_q = -(q_hat[b, h] @ centroids[h].T)  # [n, c]: the original's "distances"
+      dist_k = -(k_hat[b, h] @ centroids[h].T)
+      total = np.zeros((n, v.shape[-1]))
+      count = np.zeros(n)
+      for c in range(centroids.shape[1]):
+        q_idx = np.sort(np.argsort(dist_q[:, c], kind="stable")[:window])  # top_k(-dist)
+        k_idx = np.sort(np.argsort(dist_k[:, c], kind="stable")[:window])
+        o = attend(q_hat[b, h, q_idx], k_hat[b, h, k_idx], v[b, h, k_idx], below, distance,
+                   rel_k, rel_v)
+        total[q_idx] += o
+        count[q_idx] += 1
+      out[b, h] = total / (count[:, None] + COUNT_EPSILON)
+  return out

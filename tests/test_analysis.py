@@ -47,6 +47,7 @@ def hparams(**overrides):
       hidden_size=32, local_num_heads=2, sparsity_cluster_num_heads=2, sparsity_skip_first=0,
       sparsity_cluster_size=4, sparsity_cluster_attention_window=16, query_shape=(16,),
       memory_flange=(16,), share_qk=True, routing_mode="topk", random_routing=False,
+      legacy_causal_key_routing=False,
       max_relative_position=0, local_relative=True, sparsity_cluster_relative=True,
       head_dense=True, attention_dropout=0.0, decay=0.999, beta=1e-4, ema=True)
   h.__dict__.update(overrides)

@@ -228,13 +228,20 @@ def original_forward(w, ids, h):
     q = split(dense(x, att + "q")) * depth ** -0.5
     k, v = split(dense(x, att + "k")), split(dense(x, att + "v"))
     outs = []
-    if routed:  # cluster heads come first; share_qk: keys are the queries
+    if routed and h.share_qk:  # cluster heads come first; share_qk: keys are the queries
       cl = nd + "cluster_attention/cluster_attention/"
       outs.append(reference.routing(
           q[:, :routed], q[:, :routed], v[:, :routed], w[cl + "means"],
           h.sparsity_cluster_attention_window, causal=True, share_qk=True,
           rel_k=w[cl + "relative_positions_keys/embeddings"],
           rel_v=w[cl + "relative_positions_values/embeddings"])[0])
+    elif routed:  # separate keys: routed by their own scores, rank-triangle mask
+      cl = nd + "cluster_attention/cluster_attention/"
+      outs.append(reference.original_causal_routing(
+          q[:, :routed], k[:, :routed], v[:, :routed], w[cl + "means"],
+          h.sparsity_cluster_attention_window,
+          rel_k=w[cl + "relative_positions_keys/embeddings"],
+          rel_v=w[cl + "relative_positions_values/embeddings"]))
     outs.append(reference.local(
         q[:, routed:], k[:, routed:], v[:, routed:], h.query_shape[0], h.memory_flange[0],
         causal=True, rel_k=w[nd + "local_nd/relative_positions_keys/embeddings"],
@@ -248,10 +255,14 @@ def original_forward(w, ids, h):
   return dense(x, "final_dense_2", bias=True)
 
 
-def test_converted_model_computes_the_original_function(rng, tmp_path):
+@pytest.mark.parametrize("share_qk", [True, False], ids=["share_qk", "separate_keys_legacy"])
+def test_converted_model_computes_the_original_function(rng, tmp_path, share_qk):
   """Random weights under the original names; our converted model's logits equal an
-  independent NumPy forward pass of the original architecture (small config, 64 tokens)."""
+  independent NumPy forward pass of the original architecture (small config, 64 tokens).
+  With share_qk=False the model needs legacy_causal_key_routing=True to compute it."""
   h = reference_hparams()
+  h.share_qk = share_qk
+  h.legacy_causal_key_routing = not share_qk
   h.max_length = h.max_target_length = h.batch_size = 64
   h.hidden_size = h.embedding_dims = 32
   h.filter_size = 48
@@ -275,3 +286,4 @@ def test_converted_model_computes_the_original_function(rng, tmp_path):
       ours = sess.run(logits).reshape(64, vocab)
   expected = original_forward({n: v.astype(np.float64) for n, v in values.items()}, ids, h)
   np.testing.assert_allclose(ours, expected, rtol=2e-4, atol=2e-4)
+

@@ -91,7 +91,9 @@ def prefix_rule_patch(monkeypatch):
   real = layers.attention.routing_attention
 
   def patched(q, k, v, centroids, window, causal=True, share_qk=True, padding=None,
-              relative_keys=None, relative_values=None, random_routing=False):
+              relative_keys=None, relative_values=None, random_routing=False,
+              legacy_causal_key_routing=False):
+    assert not legacy_causal_key_routing  # the cached decoder refuses it (fast_decode=False)
     _, aux = real(q, k, v, centroids, window, causal=causal, share_qk=share_qk, padding=padding,
                   relative_keys=relative_keys, relative_values=relative_values,
                   random_routing=random_routing)

@@ -27,7 +27,8 @@ def hparams_of(layer):
       sparsity_cluster_size=layer.num_clusters,
       sparsity_cluster_attention_window=layer.window, query_shape=(layer.block_length,),
       memory_flange=(layer.flange,), share_qk=layer.share_qk, routing_mode=layer.routing_mode,
-      random_routing=False, max_relative_position=layer.max_relative_position,
+      random_routing=False, legacy_causal_key_routing=False,
+      max_relative_position=layer.max_relative_position,
       local_relative=layer.local_relative, sparsity_cluster_relative=layer.routing_relative,
       head_dense=layer.head_dense, attention_dropout=0.0, decay=layer.decay, beta=layer.beta,
       ema=True)
