@@ -2,10 +2,11 @@
 Jensen-Shannon divergence between heads (paper Table 6) of a trained checkpoint.
 
     python -m routing_transformer.analysis --checkpoint_dir RUN [--problem P] [--data_dir D]
-        [--hparams_set S] [--num_sequences 4] [--output_dir RUN/analysis]
+        [--hparams_set S] [--num_sequences 4] [--output_dir RUN/analysis] [--t2t_usr_dir D,...]
 
 `--problem`, `--data_dir` and `--hparams_set` default to the values t2t-trainer recorded in
-RUN/flags_t2t.txt; hparams.json in RUN is applied as t2t-trainer does. Writes into output_dir:
+RUN/flags_t2t.txt; hparams.json in RUN is applied as t2t-trainer does; `--t2t_usr_dir` registers
+a user's own problems and hparams sets. Writes into output_dir:
   attention_patterns.png  one local and one routing head of the top routing layer on the first
                           sequence: rows are outputs, columns inputs, colour = cluster
   cluster_occupancy.png   per routing layer and head, the share of positions whose nearest
@@ -24,7 +25,6 @@ import argparse
 import contextlib
 import json
 import os
-import sys
 
 import numpy as np
 
@@ -211,14 +211,18 @@ def eval_sequences(problem, hparams, data_dir, num):
   return np.stack(rows).astype(np.int32)
 
 
-def collect(checkpoint_dir, problem=None, data_dir=None, hparams_set=None, num_sequences=4):
-  """Runs the checkpoint on eval sequences and returns (ids [b, n], records as numpy dicts)."""
+def collect(checkpoint_dir, problem=None, data_dir=None, hparams_set=None, num_sequences=4,
+            t2t_usr_dir=None):
+  """Runs the checkpoint on eval sequences and returns (ids [b, n], records as numpy dicts).
+
+  t2t_usr_dir: comma-separated user directories whose problems/hparams sets to register."""
   os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-  if root not in sys.path:
-    sys.path.insert(0, root)
-  import t2t_usr_dir  # pylint: disable=g-import-not-at-top,unused-import
+  from routing_transformer import usr_dirs  # pylint: disable=g-import-not-at-top
+  try:
+    usr_dirs.import_usr_dirs(t2t_usr_dir)
+  except usr_dirs.UsrDirError as e:
+    raise SystemExit("analysis: %s" % e)
   from tensor2tensor.utils import registry  # pylint: disable=g-import-not-at-top
   from tensor2tensor.utils import trainer_lib  # pylint: disable=g-import-not-at-top
   tf.get_logger().setLevel("ERROR")
@@ -401,10 +405,13 @@ def main(argv=None):
   parser.add_argument("--hparams_set", help="default: from the run's flags_t2t.txt")
   parser.add_argument("--num_sequences", type=int, default=4)
   parser.add_argument("--output_dir", help="default: CHECKPOINT_DIR/analysis")
+  parser.add_argument("--t2t_usr_dir", help="comma-separated user directories (their problems "
+                      "and hparams sets), as for t2t-trainer")
   args = parser.parse_args(argv)
   _, markdown, output_dir = analyse(args.checkpoint_dir, args.output_dir, problem=args.problem,
                                     data_dir=args.data_dir, hparams_set=args.hparams_set,
-                                    num_sequences=args.num_sequences)
+                                    num_sequences=args.num_sequences,
+                                    t2t_usr_dir=args.t2t_usr_dir)
   print(markdown)
   print("analysis: wrote attention_patterns.png, cluster_occupancy.png, head_js.png, head_js.md, "
         "analysis.json to %s" % output_dir)
