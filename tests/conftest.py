@@ -22,7 +22,8 @@ BIN = os.path.dirname(sys.executable)
 def run_t2t(binary, *args, timeout=600, env=None):
   """Runs a stock T2T binary with --t2t_usr_dir=t2t_usr_dir; returns the CompletedProcess."""
   cmd = [os.path.join(BIN, binary), "--t2t_usr_dir=" + os.path.join(ROOT, "t2t_usr_dir")]
-  full_env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", **(env or {}))
+  full_env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+  full_env.update(env or {})
   return subprocess.run(cmd + [str(a) for a in args], capture_output=True, text=True,
                         timeout=timeout, cwd=ROOT, env=full_env)
 
