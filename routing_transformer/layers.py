@@ -2,6 +2,8 @@
 
 Shapes: x [b, n, hidden]; heads are [b, h, n, d_head] with d_head = hidden / heads.
 """
+import math
+
 import tensorflow as tf
 
 from routing_transformer import attention
@@ -92,6 +94,26 @@ def routing_variables(hparams, layer_index):
   return km, rel_k, rel_v
 
 
+def routing_options(hparams, layer_index):
+  """Keyword arguments of the routing attention functions for the extensions beyond the paper
+  (all off in the paper's sets): `routing_exclude_self` and `routing_logit_scale` ("none": the
+  paper's unscaled logits; "rsqrt_depth": d^-0.5; "learned": a per-head scale, initialised at
+  d^-0.5, variable `routing/logit_scale` [routing heads] holding its log)."""
+  num_routing, _, depth = head_counts(hparams, layer_index)
+  mode = hparams.get("routing_logit_scale", "none")
+  scale = None
+  if mode == "rsqrt_depth":
+    scale = depth ** -0.5
+  elif mode == "learned":
+    with tf1.variable_scope("routing"):
+      log_scale = tf1.get_variable(
+          "logit_scale", [num_routing],
+          initializer=tf1.constant_initializer(-0.5 * math.log(depth)))
+    scale = tf.exp(log_scale)
+  return {"exclude_self": bool(hparams.get("routing_exclude_self", False)),
+          "logit_scale": scale}
+
+
 def local_variables(hparams, layer_index):
   """The local heads' relative tables, in scope `local`."""
   with tf1.variable_scope("local"):
@@ -126,6 +148,7 @@ def self_attention(x, hparams, layer_index, padding, causal=True, train=False):
   outputs, loss, step = [], 0.0, None
   if num_routing:
     km, rel_k, rel_v = routing_variables(hparams, layer_index)
+    options = routing_options(hparams, layer_index)
     q_r, k_r, v_r = q[:, :num_routing], k[:, :num_routing], v[:, :num_routing]
     if hparams.share_qk:
       k_r = q_r
@@ -133,12 +156,12 @@ def self_attention(x, hparams, layer_index, padding, causal=True, train=False):
       out, aux = attention.causal_window_attention(
           q_r, k_r, v_r, km.means, hparams.sparsity_cluster_attention_window,
           share_qk=hparams.share_qk, padding=padding, relative_keys=rel_k,
-          relative_values=rel_v)
+          relative_values=rel_v, **options)
     else:  # "topk" (paper routing); encoders always use it
       out, aux = attention.routing_attention(
           q_r, k_r, v_r, km.means, hparams.sparsity_cluster_attention_window, causal=causal,
           share_qk=hparams.share_qk, padding=padding, relative_keys=rel_k,
-          relative_values=rel_v, random_routing=hparams.random_routing)
+          relative_values=rel_v, random_routing=hparams.random_routing, **options)
     x_hats, clusters = kmeans.routed_vectors(aux, hparams.share_qk)
     loss = km.loss(aux["commitment_loss"], x_hats, clusters, aux["weights"])
     step = KMeansStep(km, x_hats, clusters, aux["weights"]) if train else None
@@ -209,12 +232,14 @@ def self_attention_step(x, hparams, layer_index, cache, position):
   cache, outputs = dict(cache), []
   if num_routing:
     km, rel_k, rel_v = routing_variables(hparams, layer_index)
+    options = routing_options(hparams, layer_index)
     q_hat = attention.layer_norm_no_scale(q[:, :num_routing])
     k_hat = q_hat if hparams.share_qk else attention.layer_norm_no_scale(k[:, :num_routing])
     mu = tf.cast(km.means, q_hat.dtype)
     if hparams.routing_mode == "causal_window":
       out, cache["routing_window"] = incremental.causal_window_step(
-          q_hat, k_hat, v[:, :num_routing], mu, cache["routing_window"], rel_k, rel_v)
+          q_hat, k_hat, v[:, :num_routing], mu, cache["routing_window"], rel_k, rel_v,
+          **options)
       outputs.append(out)
     else:
       scores = routing.centroid_scores(q_hat, mu)  # [b, h, c, 1]
@@ -226,7 +251,7 @@ def self_attention_step(x, hparams, layer_index, cache, position):
       outputs.append(incremental.routing_attention_step(
           q_hat, cache["routing_k"], cache["routing_v"], cache["routing_scores"], position,
           hparams.sparsity_cluster_attention_window, relative_keys=rel_k,
-          relative_values=rel_v))
+          relative_values=rel_v, **options))
   if num_local:
     rel_k, rel_v = local_variables(hparams, layer_index)
     slot = position % cache["local_pos"].shape[1]

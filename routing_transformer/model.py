@@ -70,6 +70,9 @@ def check_hparams(hparams, length=None):
       problems.append("sparsity_cluster_size * sparsity_cluster_attention_window = %d * %d < "
                       "length %d leaves tokens out of every cluster; use sparsity_cluster_size "
                       ">= %d" % (clusters, window, length, -(-length // window)))
+  if hparams.get("routing_logit_scale", "none") not in ("none", "rsqrt_depth", "learned"):
+    problems.append("routing_logit_scale=%r is not supported; use 'none' (paper), "
+                    "'rsqrt_depth' or 'learned'" % hparams.routing_logit_scale)
   if hparams.routing_mode not in ("topk", "causal_window"):
     problems.append("routing_mode=%r is not supported; use 'topk' (paper routing) or "
                     "'causal_window' (strictly causal)" % hparams.routing_mode)
