@@ -19,7 +19,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 sys.path.insert(0, os.path.join(common.ROOT, "scripts"))
-import demo  # pylint: disable=g-import-not-at-top,wrong-import-position
+import t2t_runs  # pylint: disable=g-import-not-at-top,wrong-import-position
+
+PROBLEM = "synthetic_long_range"
 
 MODELS = [("local", "local_transformer_tiny"), ("topk routing", "routing_transformer_tiny"),
           ("causal_window routing", "routing_transformer_tiny_causal")]
@@ -37,29 +39,23 @@ def main(argv=None):
   os.makedirs(args.output, exist_ok=True)
   data_dir = args.data_dir or os.path.join(args.output, "data")
   os.makedirs(data_dir, exist_ok=True)
-  if not glob.glob(os.path.join(data_dir, demo.PROBLEM + "-dev-*")):
-    demo.log("t2t-datagen --problem=%s" % demo.PROBLEM)
-    demo.t2t("t2t-datagen", ["--problem=" + demo.PROBLEM, "--data_dir=" + data_dir,
+  if not glob.glob(os.path.join(data_dir, PROBLEM + "-dev-*")):
+    t2t_runs.log("t2t-datagen --problem=%s" % PROBLEM)
+    t2t_runs.t2t("t2t-datagen", ["--problem=" + PROBLEM, "--data_dir=" + data_dir,
                              "--tmp_dir=" + os.path.join(args.output, "tmp")],
              os.path.join(args.output, "datagen.log"))
   results = []
   for name, hparams_set in MODELS:
     run_dir = os.path.join(args.output, hparams_set)
-    demo.log("%s (%s): %d steps (log %s.log)" % (name, hparams_set, args.steps, run_dir))
-    started = time.time()
-    demo.t2t("t2t-trainer", ["--problem=" + demo.PROBLEM, "--model=routing_transformer",
-                             "--hparams_set=" + hparams_set, "--data_dir=" + data_dir,
-                             "--output_dir=" + run_dir, "--train_steps=%d" % args.steps,
-                             "--eval_steps=%d" % args.eval_steps,
-                             "--local_eval_frequency=%d" % args.steps,
-                             "--schedule=continuous_train_and_eval"], run_dir + ".log")
-    metrics = demo.eval_metrics(run_dir)
-    steps_per_sec = demo.train_speed(run_dir)
+    t2t_runs.log("%s (%s): %d steps (log %s.log)" % (name, hparams_set, args.steps, run_dir))
+    seconds = t2t_runs.train(run_dir, PROBLEM, hparams_set, data_dir, args.steps, args.eval_steps)
+    metrics = t2t_runs.eval_metrics(run_dir)
+    steps_per_sec = t2t_runs.train_speed(run_dir)
     record = {"record": "point", "model": name, "hparams_set": hparams_set,
               "steps": metrics.get("step"), "eval_loss": metrics.get("loss"),
               "far_accuracy": metrics.get("far_accuracy"),
               "near_accuracy": metrics.get("near_accuracy"),
-              "wall_seconds": time.time() - started, "steps_per_sec": steps_per_sec,
+              "wall_seconds": seconds, "steps_per_sec": steps_per_sec,
               "train_tokens_per_sec": steps_per_sec * TOKENS_PER_STEP}
     common.emit(record)
     results.append(record)

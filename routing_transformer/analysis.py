@@ -13,6 +13,8 @@ a user's own problems and hparams sets. Writes into output_dir:
                           centroid is each cluster (dashed: uniform 1/c)
   head_js.png, head_js.md per layer, the mean JS divergence (nats, at most ln 2 = 0.6931) between
                           local-local, local-routing and routing-routing head pairs
+  head_focus.md           per layer and head kind: mean attention weight on the query's own
+                          position, mean max weight, mean number of keys above 1%
   analysis.json           the numbers behind the pictures
 
 How the dense attention of a head is obtained: the model is built in EVAL mode while every call of
@@ -77,6 +79,64 @@ def head_pair_js(probs, valid, kinds):
       js = js_divergence(probs[:, a], probs[:, b])
       per_kind.setdefault(kind, []).append(float(js[both].mean()))
   return {k: {"mean": float(np.mean(v)), "pairs": len(v)} for k, v in per_kind.items()}
+
+
+FOCUS_KEYS = ("self", "max", "keys_above_1pct")
+
+
+def head_focus(probs, valid, kinds, threshold=0.01):
+  """Where the heads of each kind put their attention, averaged over query rows.
+
+  Rows of position 0 are left out (a causal query there can only attend to itself).
+
+  Args:
+    probs: [b, h, n, n] attention distributions (rows sum to 1 where valid).
+    valid: bool [b, h, n] rows that have a distribution.
+    kinds: list of h strings, "local" or "routing".
+    threshold: weight above which a key counts as attended.
+  Returns:
+    {kind: {"self": mean weight on the query's own position, "max": mean largest weight,
+    "keys_above_1pct": mean number of keys with weight > threshold, "rows": rows averaged}}.
+  """
+  n = probs.shape[-1]
+  valid = valid.copy()
+  valid[:, :, 0] = False
+  diagonal = probs[..., np.arange(n), np.arange(n)]  # [b, h, n]
+  out = {}
+  for kind in sorted(set(kinds)):
+    heads = [i for i, k in enumerate(kinds) if k == kind]
+    rows = valid[:, heads]
+    if not rows.any():
+      continue
+    part = probs[:, heads]
+    out[kind] = {"self": float(diagonal[:, heads][rows].mean()),
+                 "max": float(part.max(axis=-1)[rows].mean()),
+                 "keys_above_1pct": float((part > threshold).sum(axis=-1)[rows].mean()),
+                 "rows": int(rows.sum())}
+  return out
+
+
+def focus_table(ids, records):
+  """{layer: head_focus(...)} with padding queries left out."""
+  real = ids != 0
+  table = {}
+  for layer, (probs, kinds, _) in layer_heads(records).items():
+    probs, valid = normalise_rows(probs)
+    table[layer] = head_focus(probs, valid & real[:, None, :], kinds)
+  return table
+
+
+def focus_markdown(table):
+  lines = ["| layer | heads | weight on own position | max weight | keys above 1% |",
+           "|---|---|---|---|---|"]
+  for layer, row in table.items():
+    for kind, f in row.items():
+      lines.append("| %d | %s | %.3f | %.3f | %.1f |" % (layer, kind, f["self"], f["max"],
+                                                         f["keys_above_1pct"]))
+  return "\n".join(lines) + (
+      "\n\nPer layer and head kind, averaged over query rows past position 0 of the eval "
+      "sequences: the attention weight on the query's own position, the largest weight, and "
+      "the number of keys holding more than 1%.\n")
 
 
 def occupancy_shares(clusters, num_clusters, real):
@@ -383,13 +443,19 @@ def analyse(checkpoint_dir, output_dir=None, **kwargs):
   os.makedirs(output_dir, exist_ok=True)
   ids, records = collect(checkpoint_dir, **kwargs)
   table = js_table(ids, records)
+  focus = focus_table(ids, records)
   plot_patterns(ids, records, os.path.join(output_dir, "attention_patterns.png"))
   shares = plot_occupancy(ids, records, os.path.join(output_dir, "cluster_occupancy.png"))
   plot_js(table, os.path.join(output_dir, "head_js.png"))
   markdown = js_markdown(table)
   with open(os.path.join(output_dir, "head_js.md"), "w") as f:
     f.write(markdown)
+  focus_md = focus_markdown(focus)
+  with open(os.path.join(output_dir, "head_focus.md"), "w") as f:
+    f.write(focus_md)
+  markdown = focus_md + "\n" + markdown
   summary = {"checkpoint_dir": checkpoint_dir, "sequences": int(len(ids)),
+             "focus": {str(k): v for k, v in focus.items()},
              "js": {str(k): v for k, v in table.items()},
              "occupancy": {str(k): v.tolist() for k, v in shares.items()}}
   with open(os.path.join(output_dir, "analysis.json"), "w") as f:
@@ -414,7 +480,7 @@ def main(argv=None):
                                     t2t_usr_dir=args.t2t_usr_dir)
   print(markdown)
   print("analysis: wrote attention_patterns.png, cluster_occupancy.png, head_js.png, head_js.md, "
-        "analysis.json to %s" % output_dir)
+        "head_focus.md, analysis.json to %s" % output_dir)
 
 
 if __name__ == "__main__":

@@ -42,24 +42,26 @@ def combine_heads(x):
 
 
 def routing_heads_attention(q, k, v, means, config, causal=True, padding=None,
-                            tables=(None, None)):
+                            tables=(None, None), options=None):
   """The routing heads: (output [b, hr, n, d], aux of the attention function).
 
   k is ignored when config.share_qk (keys are the queries); decoders with
   routing_mode="causal_window" use `causal_window_attention`, everything else (and every
-  encoder) the paper's top-k routing.
+  encoder) the paper's top-k routing. `options`: further keyword arguments of both functions
+  (the extensions exclude_self, logit_scale).
   """
+  options = options or {}
   rel_k, rel_v = tables
   if config.share_qk:
     k = q
   if causal and config.routing_mode == "causal_window":
     return attention.causal_window_attention(
         q, k, v, means, config.window, share_qk=config.share_qk, padding=padding,
-        relative_keys=rel_k, relative_values=rel_v)
+        relative_keys=rel_k, relative_values=rel_v, **options)
   return attention.routing_attention(
       q, k, v, means, config.window, causal=causal, share_qk=config.share_qk, padding=padding,
       relative_keys=rel_k, relative_values=rel_v, random_routing=config.random_routing,
-      legacy_causal_key_routing=config.legacy_causal_key_routing)
+      legacy_causal_key_routing=config.legacy_causal_key_routing, **options)
 
 
 def local_heads_attention(q, k, v, config, causal=True, padding=None, tables=(None, None)):
@@ -71,7 +73,7 @@ def local_heads_attention(q, k, v, config, causal=True, padding=None, tables=(No
 
 
 def mixed_heads(q, k, v, num_routing, config, causal=True, padding=None, means=None,
-                routing_tables=(None, None), local_tables=(None, None)):
+                routing_tables=(None, None), local_tables=(None, None), routing_options=None):
   """All heads of a layer: the first `num_routing` route, the rest attend locally.
 
   Args:
@@ -82,6 +84,7 @@ def mixed_heads(q, k, v, num_routing, config, causal=True, padding=None, means=N
     padding: optional bool [b, n], True at padding positions.
     means: [num_routing, c, d] centroids (needed when num_routing > 0).
     routing_tables, local_tables: (relative keys, relative values) [2R + 1, d] or Nones.
+    routing_options: further keyword arguments of the routing attention functions.
   Returns:
     (output [b, h, n, d], aux of the routing attention or None without routing heads).
   """
@@ -89,7 +92,7 @@ def mixed_heads(q, k, v, num_routing, config, causal=True, padding=None, means=N
   if num_routing:
     out, aux = routing_heads_attention(
         q[:, :num_routing], k[:, :num_routing], v[:, :num_routing], means, config, causal,
-        padding, routing_tables)
+        padding, routing_tables, routing_options)
     outputs.append(out)
   if q.shape[1] > num_routing:
     outputs.append(local_heads_attention(

@@ -2,6 +2,8 @@
 
 Shapes: x [b, n, hidden]; heads are [b, h, n, d_head] with d_head = hidden / heads.
 """
+import math
+
 import tensorflow as tf
 
 from routing_transformer import attention
@@ -79,6 +81,26 @@ def routing_variables(hparams, layer_index):
   return km, rel_k, rel_v
 
 
+def routing_options(hparams, layer_index):
+  """Keyword arguments of the routing attention functions for the extensions beyond the paper
+  (all off in the paper's sets): `routing_exclude_self` and `routing_logit_scale` ("none": the
+  paper's unscaled logits; "rsqrt_depth": d^-0.5; "learned": a per-head scale, initialised at
+  d^-0.5, variable `routing/logit_scale` [routing heads] holding its log)."""
+  num_routing, _, depth = head_counts(hparams, layer_index)
+  mode = hparams.get("routing_logit_scale", "none")
+  scale = None
+  if mode == "rsqrt_depth":
+    scale = depth ** -0.5
+  elif mode == "learned":
+    with tf1.variable_scope("routing"):
+      log_scale = tf1.get_variable(
+          "logit_scale", [num_routing],
+          initializer=tf1.constant_initializer(-0.5 * math.log(depth)))
+    scale = tf.exp(log_scale)
+  return {"exclude_self": bool(hparams.get("routing_exclude_self", False)),
+          "logit_scale": scale}
+
+
 def local_variables(hparams, layer_index):
   """The local heads' relative tables, in scope `local`."""
   with tf1.variable_scope("local"):
@@ -120,14 +142,15 @@ def self_attention(x, hparams, layer_index, padding, causal=True, train=False):
   num_routing, num_local, _ = head_counts(hparams, layer_index)
   q, k, v = projections(x, hparams, layer_index)
   loss, step = 0.0, None
-  means, routing_tables, local_tables = None, (None, None), (None, None)
+  means, routing_tables, local_tables, options = None, (None, None), (None, None), {}
   if num_routing:
     km, rel_k, rel_v = routing_variables(hparams, layer_index)
     means, routing_tables = km.means, (rel_k, rel_v)
+    options = routing_options(hparams, layer_index)
   if num_local:
     local_tables = local_variables(hparams, layer_index)
   out, aux = heads.mixed_heads(q, k, v, num_routing, head_config(hparams), causal, padding,
-                               means, routing_tables, local_tables)
+                               means, routing_tables, local_tables, options)
   if num_routing:
     x_hats, clusters = kmeans.routed_vectors(aux, hparams.share_qk)
     loss = km.loss(aux["commitment_loss"], x_hats, clusters, aux["weights"])
@@ -191,12 +214,14 @@ def self_attention_step(x, hparams, layer_index, cache, position):
   cache, outputs = dict(cache), []
   if num_routing:
     km, rel_k, rel_v = routing_variables(hparams, layer_index)
+    options = routing_options(hparams, layer_index)
     q_hat = attention.layer_norm_no_scale(q[:, :num_routing])
     k_hat = q_hat if hparams.share_qk else attention.layer_norm_no_scale(k[:, :num_routing])
     mu = tf.cast(km.means, q_hat.dtype)
     if hparams.routing_mode == "causal_window":
       out, cache["routing_window"] = incremental.causal_window_step(
-          q_hat, k_hat, v[:, :num_routing], mu, cache["routing_window"], rel_k, rel_v)
+          q_hat, k_hat, v[:, :num_routing], mu, cache["routing_window"], rel_k, rel_v,
+          **options)
       outputs.append(out)
     else:
       scores = routing.centroid_scores(q_hat, mu)  # [b, h, c, 1]
@@ -208,7 +233,7 @@ def self_attention_step(x, hparams, layer_index, cache, position):
       outputs.append(incremental.routing_attention_step(
           q_hat, cache["routing_k"], cache["routing_v"], cache["routing_scores"], position,
           hparams.sparsity_cluster_attention_window, relative_keys=rel_k,
-          relative_values=rel_v))
+          relative_values=rel_v, **options))
   if num_local:
     rel_k, rel_v = local_variables(hparams, layer_index)
     slot = position % cache["local_pos"].shape[1]

@@ -73,6 +73,9 @@ def check_hparams(hparams, length=None):
   if hparams.legacy_causal_key_routing and hparams.routing_mode != "topk":
     problems.append("legacy_causal_key_routing=True reproduces the original's top-k routing; "
                     "use it with routing_mode='topk'")
+  if hparams.get("routing_logit_scale", "none") not in ("none", "rsqrt_depth", "learned"):
+    problems.append("routing_logit_scale=%r is not supported; use 'none' (paper), "
+                    "'rsqrt_depth' or 'learned'" % hparams.routing_logit_scale)
   if hparams.routing_mode not in ("topk", "causal_window"):
     problems.append("routing_mode=%r is not supported; use 'topk' (paper routing) or "
                     "'causal_window' (strictly causal)" % hparams.routing_mode)

@@ -2,6 +2,7 @@
 import os
 import subprocess
 import sys
+import types
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -17,6 +18,13 @@ def rng():
   return np.random.default_rng(1234)
 
 BIN = os.path.dirname(sys.executable)
+
+
+class HParamsStandIn(types.SimpleNamespace):
+  """Plain attributes standing in for T2T HParams in layer tests, with HParams.get."""
+
+  def get(self, name, default=None):
+    return getattr(self, name, default)
 
 
 def run_t2t(binary, *args, timeout=600, env=None):

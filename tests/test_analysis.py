@@ -1,11 +1,11 @@
 """analysis.py (attention pictures, occupancy, head JS divergence) and curves.py."""
 import os
-import types
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
+from conftest import HParamsStandIn
 from routing_transformer import analysis
 from routing_transformer import curves
 
@@ -43,7 +43,7 @@ def test_occupancy_shares_leave_out_padding():
 
 
 def hparams(**overrides):
-  h = types.SimpleNamespace(
+  h = HParamsStandIn(
       hidden_size=32, local_num_heads=2, sparsity_cluster_num_heads=2, sparsity_skip_first=0,
       sparsity_cluster_size=4, sparsity_cluster_attention_window=16, query_shape=(16,),
       memory_flange=(16,), share_qk=True, routing_mode="topk", random_routing=False,
