@@ -14,7 +14,8 @@ a user's own problems and hparams sets. Writes into output_dir:
   head_js.png, head_js.md per layer, the mean JS divergence (nats, at most ln 2 = 0.6931) between
                           local-local, local-routing and routing-routing head pairs
   head_focus.md           per layer and head kind: mean attention weight on the query's own
-                          position, mean max weight, mean number of keys above 1%
+                          position, mean max weight, mean number of keys above 1%, share of
+                          queries attending nowhere (in no routing cluster)
   analysis.json           the numbers behind the pictures
 
 How the dense attention of a head is obtained: the model is built in EVAL mode while every call of
@@ -81,10 +82,10 @@ def head_pair_js(probs, valid, kinds):
   return {k: {"mean": float(np.mean(v)), "pairs": len(v)} for k, v in per_kind.items()}
 
 
-FOCUS_KEYS = ("self", "max", "keys_above_1pct")
+FOCUS_KEYS = ("self", "max", "keys_above_1pct", "unattended")
 
 
-def head_focus(probs, valid, kinds, threshold=0.01):
+def head_focus(probs, valid, kinds, real=None, threshold=0.01):
   """Where the heads of each kind put their attention, averaged over query rows.
 
   Rows of position 0 are left out (a causal query there can only attend to itself).
@@ -93,50 +94,58 @@ def head_focus(probs, valid, kinds, threshold=0.01):
     probs: [b, h, n, n] attention distributions (rows sum to 1 where valid).
     valid: bool [b, h, n] rows that have a distribution.
     kinds: list of h strings, "local" or "routing".
+    real: optional bool [b, n], False at padding (default: every position).
     threshold: weight above which a key counts as attended.
   Returns:
     {kind: {"self": mean weight on the query's own position, "max": mean largest weight,
-    "keys_above_1pct": mean number of keys with weight > threshold, "rows": rows averaged}}.
+    "keys_above_1pct": mean number of keys with weight > threshold (these three over rows with
+    a distribution), "unattended": share of real rows without one (a paper-routing query that
+    no cluster took gets 0 from the routing heads), "rows": rows averaged}}.
   """
-  n = probs.shape[-1]
-  valid = valid.copy()
-  valid[:, :, 0] = False
+  b, h, n = valid.shape
+  real = np.ones([b, n], bool) if real is None else real
+  real = np.broadcast_to(real[:, None, :], [b, h, n]).copy()
+  real[:, :, 0] = False
+  valid = valid & real
   diagonal = probs[..., np.arange(n), np.arange(n)]  # [b, h, n]
   out = {}
   for kind in sorted(set(kinds)):
     heads = [i for i, k in enumerate(kinds) if k == kind]
     rows = valid[:, heads]
-    if not rows.any():
+    if not real[:, heads].any():
       continue
     part = probs[:, heads]
-    out[kind] = {"self": float(diagonal[:, heads][rows].mean()),
-                 "max": float(part.max(axis=-1)[rows].mean()),
-                 "keys_above_1pct": float((part > threshold).sum(axis=-1)[rows].mean()),
+    out[kind] = {"self": float(diagonal[:, heads][rows].mean()) if rows.any() else 0.0,
+                 "max": float(part.max(axis=-1)[rows].mean()) if rows.any() else 0.0,
+                 "keys_above_1pct": float((part > threshold).sum(axis=-1)[rows].mean())
+                                    if rows.any() else 0.0,
+                 "unattended": float(1.0 - rows.sum() / real[:, heads].sum()),
                  "rows": int(rows.sum())}
   return out
 
 
 def focus_table(ids, records):
   """{layer: head_focus(...)} with padding queries left out."""
-  real = ids != 0
   table = {}
   for layer, (probs, kinds, _) in layer_heads(records).items():
     probs, valid = normalise_rows(probs)
-    table[layer] = head_focus(probs, valid & real[:, None, :], kinds)
+    table[layer] = head_focus(probs, valid, kinds, ids != 0)
   return table
 
 
 def focus_markdown(table):
-  lines = ["| layer | heads | weight on own position | max weight | keys above 1% |",
-           "|---|---|---|---|---|"]
+  lines = ["| layer | heads | weight on own position | max weight | keys above 1% | queries "
+           "attending nowhere |", "|---|---|---|---|---|---|"]
   for layer, row in table.items():
     for kind, f in row.items():
-      lines.append("| %d | %s | %.3f | %.3f | %.1f |" % (layer, kind, f["self"], f["max"],
-                                                         f["keys_above_1pct"]))
+      lines.append("| %d | %s | %.3f | %.3f | %.1f | %.1f%% |" % (
+          layer, kind, f["self"], f["max"], f["keys_above_1pct"], 100 * f["unattended"]))
   return "\n".join(lines) + (
-      "\n\nPer layer and head kind, averaged over query rows past position 0 of the eval "
-      "sequences: the attention weight on the query's own position, the largest weight, and "
-      "the number of keys holding more than 1%.\n")
+      "\n\nPer layer and head kind, over the query rows past position 0 of the eval sequences: "
+      "the mean attention weight on the query's own position, the mean largest weight, the mean "
+      "number of keys holding more than 1% (over queries that attend somewhere), and the share "
+      "of queries that attend nowhere (paper routing: in no cluster, so the routing heads "
+      "give them 0).\n")
 
 
 def occupancy_shares(clusters, num_clusters, real):
