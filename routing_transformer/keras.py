@@ -22,6 +22,7 @@ from routing_transformer import heads
 from routing_transformer import kmeans
 
 ROUTING_MODES = ("topk", "causal_window")
+LOGIT_SCALES = ("none", "rsqrt_depth", "learned")  # as the hparam routing_logit_scale
 
 
 def timing_signal(length, channels, min_timescale=1.0, max_timescale=1.0e4):
@@ -76,7 +77,7 @@ class RoutingSelfAttention(tf.keras.layers.Layer):
                block_length=64, flange=64, causal=True, share_qk=True, routing_mode="topk",
                max_relative_position=0, local_relative=True, routing_relative=True,
                head_dense=True, attention_dropout=0.0, decay=kmeans.DECAY, beta=kmeans.BETA,
-               epsilon=kmeans.EPSILON, **kwargs):
+               epsilon=kmeans.EPSILON, exclude_self=False, logit_scale="none", **kwargs):
     super().__init__(**kwargs)
     check_config(hidden_size, local_heads, routing_heads, num_clusters, window, block_length,
                  flange, routing_mode)
@@ -88,6 +89,10 @@ class RoutingSelfAttention(tf.keras.layers.Layer):
     self.local_relative, self.routing_relative = local_relative, routing_relative
     self.head_dense, self.attention_dropout = head_dense, attention_dropout
     self.decay, self.beta, self.epsilon = decay, beta, epsilon
+    if logit_scale not in LOGIT_SCALES:
+      raise ValueError("RoutingSelfAttention: logit_scale=%r is not supported; use one of %s."
+                       % (logit_scale, ", ".join(LOGIT_SCALES)))
+    self.exclude_self, self.logit_scale = exclude_self, logit_scale
     self.depth = hidden_size // (local_heads + routing_heads)
 
   def get_config(self):
@@ -95,7 +100,8 @@ class RoutingSelfAttention(tf.keras.layers.Layer):
     config.update({k: getattr(self, k) for k in (
         "hidden_size", "local_heads", "routing_heads", "num_clusters", "window", "block_length",
         "flange", "causal", "share_qk", "routing_mode", "max_relative_position", "local_relative",
-        "routing_relative", "head_dense", "attention_dropout", "decay", "beta", "epsilon")})
+        "routing_relative", "head_dense", "attention_dropout", "decay", "beta", "epsilon",
+        "exclude_self", "logit_scale")})
     return config
 
   def _kernel(self, name, shape):
@@ -134,6 +140,10 @@ class RoutingSelfAttention(tf.keras.layers.Layer):
                                        trainable=False)
       if self.routing_relative and self.max_relative_position:
         self.routing_tables = self._relative("routing")
+      if self.logit_scale == "learned":  # its log, as layers.routing_options
+        self.log_logit_scale = self.add_weight(
+            name="routing/logit_scale", shape=[self.routing_heads],
+            initializer=tf.keras.initializers.Constant(-0.5 * math.log(self.depth)))
     if self.local_heads and self.local_relative and self.max_relative_position:
       self.local_tables = self._relative("local")
     super().build(input_shape)
@@ -153,6 +163,13 @@ class RoutingSelfAttention(tf.keras.layers.Layer):
                             routing_mode=self.routing_mode, random_routing=False,
                             legacy_causal_key_routing=False)
 
+  def routing_options(self):
+    """The extensions beyond the paper (hparams routing_exclude_self, routing_logit_scale)."""
+    scale = {"none": None, "rsqrt_depth": self.depth ** -0.5}.get(self.logit_scale)
+    if self.logit_scale == "learned":
+      scale = tf.exp(self.log_logit_scale)
+    return {"exclude_self": self.exclude_self, "logit_scale": scale}
+
   def update_centroids(self, aux):
     """One EMA step of the centroids (`kmeans.assign_ema_update`) from this routing aux."""
     x_hats, clusters = kmeans.routed_vectors(aux, self.share_qk)
@@ -167,7 +184,7 @@ class RoutingSelfAttention(tf.keras.layers.Layer):
     r = self.routing_heads
     out, aux = heads.mixed_heads(q, k, v, r, self.head_config(), self.causal, padding,
                                  self.means if r else None, self.routing_tables,
-                                 self.local_tables)
+                                 self.local_tables, self.routing_options())
     if r:
       self.add_loss(self.beta * aux["commitment_loss"])
       if training:

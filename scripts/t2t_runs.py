@@ -59,6 +59,7 @@ def train(run_dir, problem, hparams_set, data_dir, steps, eval_steps, hparams=""
   args = ["--problem=" + problem, "--model=routing_transformer", "--hparams_set=" + hparams_set,
           "--data_dir=" + data_dir, "--output_dir=" + run_dir, "--train_steps=%d" % steps,
           "--eval_steps=%d" % eval_steps, "--local_eval_frequency=%d" % (eval_every or steps),
+          "--eval_throttle_seconds=1",  # T2T's default (600 s) skips evaluations
           "--schedule=continuous_train_and_eval"]
   if hparams:
     args.append("--hparams=" + hparams)

@@ -31,7 +31,7 @@ def hparams_of(layer):
       max_relative_position=layer.max_relative_position,
       local_relative=layer.local_relative, sparsity_cluster_relative=layer.routing_relative,
       head_dense=layer.head_dense, attention_dropout=0.0, decay=layer.decay, beta=layer.beta,
-      ema=True)
+      ema=True, routing_exclude_self=layer.exclude_self, routing_logit_scale=layer.logit_scale)
 
 
 def t2t_name(keras_name):
@@ -41,6 +41,8 @@ def t2t_name(keras_name):
     return base + "/kernel"
   if base in ("means", "ema_count", "ema_means"):
     return "routing/cluster_attention/" + base
+  if base == "routing/logit_scale":
+    return base
   return base + "/embeddings"  # routing|local/relative_positions_{keys,values}
 
 
@@ -71,7 +73,10 @@ def functional(layer, x, padding, train):
     ({"routing_mode": "causal_window"}, True),
     ({"causal": False, "share_qk": False, "max_relative_position": 0}, True),
     ({"local_heads": 0, "routing_heads": 4, "head_dense": False}, False),
-], ids=["topk", "causal_window_padding", "encoder_separate_qk", "routing_only"])
+    ({"exclude_self": True, "logit_scale": "learned"}, True),
+    ({"routing_mode": "causal_window", "exclude_self": True, "logit_scale": "rsqrt_depth"}, False),
+], ids=["topk", "causal_window_padding", "encoder_separate_qk", "routing_only",
+        "exclude_self_learned_scale", "causal_window_extensions"])
 def test_layer_equals_functional_self_attention(rng, overrides, use_padding):
   layer = small_layer(**overrides)
   x = rng.normal(size=(2, LENGTH, HIDDEN)).astype(np.float32)
