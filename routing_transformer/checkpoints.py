@@ -7,7 +7,8 @@ variables live under other names. `LEGACY_NAMES` is the one table of those names
 (embeddings, q/k/v, output_transform, ffn/weight1..3, layer norms, final_dense_*) is identical.
 
   python -m routing_transformer.checkpoints --from ORIGINAL_CKPT --to OUT_DIR \\
-      [--hparams_set pg19_local_cluster8k] [--hparams ...] [--model routing_transformer]
+      [--hparams_set pg19_local_cluster8k] [--hparams ...] [--model routing_transformer] \\
+      [--hparams_json check|use|ignore] [--vocab VOCAB_FILE] [--t2t_usr_dir DIR,...]
 
 reads with `tf.train.load_checkpoint` (tf.io.gfile: local or gs:// paths), renames, checks names
 and shapes against our model built from the hparams (vocab size taken from the checkpoint), and
@@ -15,6 +16,11 @@ writes OUT_DIR/model.ckpt-<global_step> plus the `checkpoint` index file, which 
 `t2t-trainer --model=routing_transformer --output_dir=OUT_DIR` restore. Adafactor slots are dropped
 (default) or renamed with their variable (`--optimizer_slots=map`, to continue training with
 t2t-trainer, which also gets the bookkeeping variables it restores: `TRAINER_STATE`).
+
+An hparams.json beside the checkpoint is compared with --hparams_set (one report naming every
+difference), or used to build the hparams with --hparams_json=use (`hparams_json`). The tool prints
+the model's parameter count and vocabulary size computed from the checkpoint's variables (and the
+--vocab file's subword count), never from a file name.
 """
 import argparse
 import collections
@@ -25,7 +31,20 @@ import sys
 import numpy as np
 import tensorflow as tf
 
+from routing_transformer import checkpoint_files
+from routing_transformer import hparams_json
+from routing_transformer import model as model_lib
+from routing_transformer import usr_dirs
+
 tf1 = tf.compat.v1
+
+# The checkpoint-file helpers, under the names callers of this module use.
+CheckpointError = checkpoint_files.CheckpointError
+CheckpointMismatchError = checkpoint_files.CheckpointMismatchError
+find_checkpoint = checkpoint_files.find_checkpoint
+read_variables = checkpoint_files.read_variables
+variables_of = checkpoint_files.variables_of
+write_checkpoint = checkpoint_files.write_checkpoint
 
 ORIGINAL_MODEL = "sparse_transformer"
 GLOBAL_STEP = "global_step"
@@ -54,15 +73,6 @@ LEGACY_NAMES = (
     ("{attn}/routing/{table}/embeddings",
      "{attn}/attention_nd/cluster_attention/cluster_attention/{table}/embeddings"),
 )
-
-
-class CheckpointError(ValueError):
-  """A checkpoint that cannot be converted or restored; the message names the fix."""
-
-
-class CheckpointMismatchError(CheckpointError):
-  """A checkpoint in the output directory cannot be restored into the model being built."""
-  one_line = True
 
 
 def _compile(template):
@@ -119,71 +129,9 @@ def _is_model_variable(name, scope):
   return name.startswith(scope + "/body/")
 
 
-def find_checkpoint(path):
-  """A checkpoint prefix from a prefix or a directory (latest checkpoint); clear error if none."""
-  if tf.io.gfile.isdir(path):
-    latest = tf.train.latest_checkpoint(path)
-    if latest is None:
-      found = tf.io.gfile.glob(os.path.join(path, "*.index"))
-      if not found:
-        raise CheckpointError("no checkpoint in directory %s (no `checkpoint` file and no "
-                              "*.index); pass the checkpoint prefix, e.g. DIR/model.ckpt-3530000"
-                              % path)
-      latest = sorted(found)[-1][:-len(".index")]
-    return latest
-  if not tf.io.gfile.exists(path + ".index"):
-    raise CheckpointError("checkpoint %s not found (no %s.index); pass a checkpoint prefix or the "
-                          "directory holding it" % (path, path))
-  return path
-
-
-def restore_mismatches(stored, variables):
-  """Graph variables a checkpoint cannot restore: [(name, stored shape or None, graph shape)].
-
-  stored: {name: (shape, dtype)} as from `read_variables`; variables: tf Variables of a graph.
-  """
-  out = []
-  for v in variables:
-    name, shape = v.op.name, tuple(v.shape.as_list())
-    if name not in stored:
-      out.append((name, None, shape))
-    elif tuple(stored[name][0]) != shape:
-      out.append((name, tuple(stored[name][0]), shape))
-  return out
-
-
-def check_restorable(model_dir, variables, limit=8):
-  """Raises CheckpointMismatchError when the latest checkpoint in `model_dir` (if any) cannot
-  restore `variables`, e.g. a checkpoint written with another hparams set."""
-  latest = tf.train.latest_checkpoint(model_dir) if model_dir else None
-  if not latest:
-    return
-  bad = restore_mismatches(read_variables(latest), variables)
-  if bad:
-    shown = ["%s (checkpoint %s, model %s)" % (n, "missing" if s is None else list(s), list(g))
-             for n, s, g in bad[:limit]]
-    raise CheckpointMismatchError(
-        "the checkpoint %s does not fit this model: %d variable(s) differ: %s%s. It was written "
-        "with other hparams (or model); use the same --hparams_set/--hparams, or a new "
-        "--output_dir." % (latest, len(bad), "; ".join(shown),
-                           " ..." if len(bad) > limit else ""))
-
-
-def read_variables(path):
-  """{name: (shape tuple, dtype)} of a checkpoint (prefix or directory)."""
-  return variables_of(tf.train.load_checkpoint(find_checkpoint(path)))
-
-
-def variables_of(reader):
-  """{name: (shape tuple, dtype)} of an open checkpoint reader."""
-  shapes, dtypes = reader.get_variable_to_shape_map(), reader.get_variable_to_dtype_map()
-  return {name: (tuple(shapes[name]), dtypes[name]) for name in shapes}
-
-
 def model_variables(hparams, vocab_size, model="routing_transformer",
                     mode=tf.estimator.ModeKeys.EVAL):
   """{name: shape} of every variable our model creates for `hparams` (built in a fresh graph)."""
-  from routing_transformer import model as model_lib  # pylint: disable=g-import-not-at-top
   from tensor2tensor.data_generators import problem_hparams  # pylint: disable=g-import-not-at-top
   cls = {"routing_transformer": model_lib.RoutingTransformer,
          "sparse_transformer": model_lib.SparseTransformer}[model]
@@ -366,17 +314,6 @@ def _zero_slots(report, variables, hparams, written):
   return out
 
 
-def write_checkpoint(prefix, tensors):
-  """Writes {name: numpy array} as a TF checkpoint at `prefix` (V2 format, tf.io.gfile paths)."""
-  names = sorted(tensors)
-  with tf.Graph().as_default():
-    holders = [tf1.placeholder(tf.as_dtype(tensors[n].dtype), tensors[n].shape) for n in names]
-    save = tf.raw_ops.SaveV2(prefix=prefix, tensor_names=names,
-                             shape_and_slices=[""] * len(names), tensors=holders)
-    with tf1.Session() as sess:
-      sess.run(save, {h: tensors[n] for h, n in zip(holders, names)})
-
-
 def convert(source, output_dir, hparams=None, model="routing_transformer",
             optimizer_slots="drop", strict=False, overwrite=False):
   """Converts an original-release checkpoint into one our model restores.
@@ -422,10 +359,14 @@ def convert(source, output_dir, hparams=None, model="routing_transformer",
   return report, prefix
 
 
-def hparams_from_flags(hparams_set, overrides=""):
-  """A registered hparams set (ours, importing the project's sets) with `k=v,...` overrides."""
-  import hparams as project_hparams  # pylint: disable=g-import-not-at-top,unused-import
+def hparams_from_flags(hparams_set, overrides="", t2t_usr_dir=None):
+  """A registered hparams set (ours, or of a comma-separated --t2t_usr_dir) with `k=v,...`
+  overrides."""
   from tensor2tensor.utils import registry  # pylint: disable=g-import-not-at-top
+  try:
+    usr_dirs.import_usr_dirs(t2t_usr_dir)
+  except usr_dirs.UsrDirError as e:
+    raise CheckpointError(str(e))
   try:
     hparams = registry.hparams(hparams_set)
   except LookupError:
@@ -434,6 +375,93 @@ def hparams_from_flags(hparams_set, overrides=""):
   if overrides:
     hparams.parse(overrides)
   return hparams
+
+
+def resolve_hparams(checkpoint, hparams_set=None, overrides="", mode="check", t2t_usr_dir=None):
+  """The model hparams for a checkpoint prefix, with its hparams.json (see `hparams_json`).
+
+  hparams_set: a registered name, an HParams object, or None (rename only, unless mode "use").
+  Returns HParams or None. Raises CheckpointError (including the hparams.json report).
+  """
+  if mode not in hparams_json.MODES:
+    raise CheckpointError("--hparams_json=%s: use one of %s" % (mode, ", ".join(
+        hparams_json.MODES)))
+  path = hparams_json.path_beside(checkpoint) if mode != "ignore" else None
+  if mode == "use" and path is None:
+    raise CheckpointError("--hparams_json=use: there is no %s beside %s" % (
+        hparams_json.FILENAME, checkpoint))
+  if hparams_set is None and mode != "use":
+    return None
+  if isinstance(hparams_set, str) or hparams_set is None:
+    name = hparams_set or hparams_json.BASE_SET
+    hparams = hparams_from_flags(name, "" if mode == "use" else overrides, t2t_usr_dir)
+    label = "--hparams_set=%s%s" % (name, " --hparams=%s" % overrides if overrides else "")
+  else:
+    hparams, label = copy_hparams(hparams_set), "the given hparams"
+    if overrides and mode != "use":
+      hparams.parse(overrides)
+  try:
+    if mode == "use":
+      hparams_json.build(hparams, hparams_json.read(path))
+      if overrides:
+        hparams.parse(overrides)
+    elif path:
+      hparams_json.check(hparams, path, label)
+  except hparams_json.HParamsJsonError as e:
+    raise CheckpointError(str(e))
+  return hparams
+
+
+def legacy_note(hparams):
+  """One line telling to turn on legacy_causal_key_routing, or None when it does not apply."""
+  if hparams is None or hparams.share_qk or hparams.legacy_causal_key_routing:
+    return None
+  if not (hparams.sparsity_cluster_num_heads and
+          hparams.sparsity_skip_first < hparams.num_decoder_layers):
+    return None
+  return ("note: share_qk=False: the original release routed causal keys by their own centroid "
+          "scores; run this checkpoint with --hparams=legacy_causal_key_routing=True (decode "
+          "with fast_decode=False) to compute its function.")
+
+
+def vocab_file_size(path):
+  """Subwords in a T2T SubwordTextEncoder vocab file: its number of non-empty lines."""
+  if not tf.io.gfile.exists(path):
+    raise CheckpointError("--vocab %s: file not found" % path)
+  with tf.io.gfile.GFile(path) as f:
+    return sum(1 for line in f if line.strip())
+
+
+def check_vocab(variables, path):
+  """'--vocab file: N subwords' after checking N <= the checkpoint's embedding rows."""
+  subwords = vocab_file_size(path)
+  rows = _embedding_rows(variables, [n for n in variables
+                                     if n.endswith("/body/embeddings/embedding")])
+  if rows is not None and subwords > rows:
+    raise CheckpointError("--vocab %s has %d subwords but the checkpoint's embedding only %d "
+                          "rows; pass the vocabulary the model was trained with"
+                          % (path, subwords, rows))
+  return "--vocab file: %d subwords" % subwords
+
+
+def model_summary(variables, report):
+  """One line: parameters and vocabulary size computed from the written model variables.
+
+  variables: {checkpoint name: (shape, dtype)}; report: its conversion Report. Trainable
+  parameters exclude the k-means centroids and EMA statistics (counted apart). Vocabulary: rows
+  of the embedding and columns of final_dense_2.
+  """
+  shapes = {ours: variables[orig][0] for orig, ours in report.renamed.items()}
+  size = lambda shape: int(np.prod(shape, dtype=np.int64))
+  trainable = sum(size(s) for n, s in shapes.items() if not _is_kmeans(n))
+  kmeans = sum(size(s) for n, s in shapes.items() if _is_kmeans(n))
+  rows = sorted({s[0] for n, s in shapes.items() if n.endswith("/body/embeddings/embedding")})
+  columns = sorted({s[-1] for n, s in shapes.items() if n.endswith("/final_dense_2/kernel")})
+  text = "parameters: %d (%.1fM) trainable, %d in k-means centroids/EMA statistics; vocabulary: " \
+      "%s embedding rows, %s output columns" % (trainable, trainable / 1e6, kmeans,
+                                                 "/".join(map(str, rows)) or "-",
+                                                 "/".join(map(str, columns)) or "-")
+  return text
 
 
 def main(argv=None):
@@ -451,16 +479,32 @@ def main(argv=None):
   parser.add_argument("--optimizer_slots", default="drop", choices=["drop", "map"])
   parser.add_argument("--strict", action="store_true", help="fail on unused variables too")
   parser.add_argument("--overwrite", action="store_true")
+  parser.add_argument("--hparams_json", default="check", choices=hparams_json.MODES,
+                      help="hparams.json beside the checkpoint: check it against --hparams_set "
+                           "(default), use it to build the hparams, or ignore it")
+  parser.add_argument("--vocab", default=None,
+                      help="subword vocab file: its size is checked against the checkpoint")
+  parser.add_argument("--t2t_usr_dir", default=None,
+                      help="comma-separated user directories (their hparams sets)")
   args = parser.parse_args(argv)
   try:
-    hparams = hparams_from_flags(args.hparams_set, args.hparams) if args.hparams_set else None
-    report, prefix = convert(args.source, args.output_dir, hparams, args.model,
+    source = find_checkpoint(args.source)
+    hparams = resolve_hparams(source, args.hparams_set, args.hparams, args.hparams_json,
+                              args.t2t_usr_dir)
+    variables = read_variables(source)
+    vocab = check_vocab(variables, args.vocab) if args.vocab else None  # before any writing
+    report, prefix = convert(source, args.output_dir, hparams, args.model,
                              args.optimizer_slots, args.strict, args.overwrite)
+    summary = model_summary(variables, report) + ("; " + vocab if vocab else "")
   except (CheckpointError, ValueError, tf.errors.OpError) as e:
     sys.exit("error: %s" % (e.message if isinstance(e, tf.errors.OpError) else e))
   print(describe(report))
+  print(summary)
   print("wrote %s (restore with --model=%s --output_dir=%s)" % (prefix, args.model,
                                                                args.output_dir))
+  note = legacy_note(hparams)
+  if note:
+    print(note)
   return 0
 
 

@@ -57,6 +57,14 @@ def sampling_settings(hparams, decode_hparams=None):
   return temperature, top_k, top_p
 
 
+def check_cached_decoding(hparams):
+  """Raises DecodeError for models the cached decoder does not run (fast_decode=False does)."""
+  if hparams.legacy_causal_key_routing and not hparams.share_qk:
+    raise DecodeError("legacy_causal_key_routing=True with share_qk=False has no cached decoder "
+                      "(the original routed keys over the whole sequence); decode with "
+                      "--hparams=fast_decode=False.")
+
+
 def decode_length_of(hparams):
   """The static cache length N (max_target_length, else max_length)."""
   return hparams.max_target_length or hparams.max_length
@@ -295,6 +303,7 @@ def beam_decode(model, features, decode_length, beam_size, top_beams=1, alpha=0.
 def infer(model, features, decode_length, beam_size=1, top_beams=1, alpha=0.0):
   """T2TModel.infer for routing_transformer: sampling/greedy (beam_size 1) or beam search."""
   decode_hparams = getattr(model, "_decode_hparams", None)
+  check_cached_decoding(model.hparams)
   if "inputs" not in features and "targets" not in features:
     # Unconditional samples from t2t-decoder's dataset path (it keeps only "infer_targets");
     # T2T's predict spec shows features["targets"] as the input: give it an empty prefix.

@@ -1,7 +1,7 @@
 """Evaluate a checkpoint on every token of a generated split: total NLL and the problem's figures.
 
   python -m routing_transformer.evaluate --problem=pg19_length8k --data_dir=D \
-      --hparams_set=pg19_local_cluster8k --checkpoint=O [--split=test]
+      --hparams_set=pg19_local_cluster8k --checkpoint=O [--split=test] [--t2t_usr_dir=DIR,...]
 
 Every example of the split is scored once, without context from the examples before it (as the
 model was trained), over all non-padding target tokens (EOS included). The problem turns the
@@ -30,10 +30,12 @@ class EvaluationError(ValueError):
   one_line = True
 
 
-def _register():
+def _register(t2t_usr_dir=None):
+  """This project's names, then those of every directory of --t2t_usr_dir (comma-separated)."""
   if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
-  import t2t_usr_dir  # pylint: disable=g-import-not-at-top,unused-import
+  from routing_transformer import usr_dirs  # pylint: disable=g-import-not-at-top
+  usr_dirs.import_usr_dirs(t2t_usr_dir)
 
 
 def resolve_checkpoint(path):
@@ -54,9 +56,9 @@ def token_nll(logits, targets):
 
 def evaluate(problem_name, hparams_set, checkpoint, data_dir, split="dev",
              model_name="routing_transformer", hparams_overrides="", batch_size=1,
-             max_examples=None, log_every=30.0):
+             max_examples=None, log_every=30.0, t2t_usr_dir=None):
   """Scores the split; returns the dict of figures (see module docstring)."""
-  _register()
+  _register(t2t_usr_dir)
   from tensor2tensor.utils import registry  # pylint: disable=g-import-not-at-top
   from tensor2tensor.utils import trainer_lib  # pylint: disable=g-import-not-at-top
   from problems import lm  # pylint: disable=g-import-not-at-top
@@ -128,6 +130,8 @@ def define_flags():
   flags.DEFINE_integer("max_examples", 0, "Score only the first N examples (0: all); word "
                        "counts are then unknown.")
   flags.DEFINE_string("output_json", None, "Also write the JSON here.")
+  flags.DEFINE_string("t2t_usr_dir", None, "Comma-separated user directories to import (their "
+                      "problems and hparams sets), as the T2T binaries' --t2t_usr_dir.")
 
 
 def main(argv):
@@ -135,13 +139,14 @@ def main(argv):
   for name in ("problem", "data_dir", "checkpoint", "hparams_set"):
     if not getattr(FLAGS, name):
       sys.exit("error: --%s is required." % name)
-  _register()
+  _register()  # the project root on sys.path
   from routing_transformer import t2t_glue  # pylint: disable=g-import-not-at-top
-  t2t_glue.install_error_hook()
+  t2t_glue.install_error_hook()  # one-line errors, e.g. a bad --t2t_usr_dir entry
+  _register(FLAGS.t2t_usr_dir)
   tf.logging.set_verbosity(tf.logging.INFO)
   report = evaluate(FLAGS.problem, FLAGS.hparams_set, FLAGS.checkpoint, FLAGS.data_dir,
                     FLAGS.split, FLAGS.model, FLAGS.hparams, FLAGS.batch_size,
-                    FLAGS.max_examples or None)
+                    FLAGS.max_examples or None, t2t_usr_dir=FLAGS.t2t_usr_dir)
   text = json.dumps(report, indent=1, sort_keys=True)
   print(text)
   if FLAGS.output_json:

@@ -1,8 +1,8 @@
 """Keras (TF2, eager) API: `RoutingSelfAttention` and a small `RoutingTransformerLM`.
 
-The layer owns its weights (`add_weight`) and calls the same pure functions as the T2T model
-(`attention.routing_attention`, `attention.causal_window_attention`, `attention.local_attention`
-and the `kmeans` helpers), so both paths compute the same thing with the same weights
+The layer owns its weights (`add_weight`) and calls the same functions as the T2T model (the head
+dispatch `heads.mixed_heads` and the centroid update `kmeans.assign_ema_update`), so both paths
+compute the same thing with the same weights
 (`tests/test_keras.py` checks it against `layers.self_attention`). Importing this module does not
 import Tensor2Tensor.
 
@@ -18,23 +18,10 @@ import math
 
 import tensorflow as tf
 
-from routing_transformer import attention
+from routing_transformer import heads
 from routing_transformer import kmeans
 
 ROUTING_MODES = ("topk", "causal_window")
-
-
-def split_heads(x, heads):
-  """[b, n, h * d] -> [b, h, n, d]."""
-  b, n = tf.shape(x)[0], x.shape[1]
-  x = tf.reshape(x, [b, n, heads, x.shape[-1] // heads])
-  return tf.transpose(x, [0, 2, 1, 3])
-
-
-def combine_heads(x):
-  """[b, h, n, d] -> [b, n, h * d]."""
-  x = tf.transpose(x, [0, 2, 1, 3])
-  return tf.reshape(x, [tf.shape(x)[0], x.shape[1], x.shape[2] * x.shape[3]])
 
 
 def timing_signal(length, channels, min_timescale=1.0, max_timescale=1.0e4):
@@ -53,10 +40,10 @@ def timing_signal(length, channels, min_timescale=1.0, max_timescale=1.0e4):
 def check_config(hidden_size, local_heads, routing_heads, num_clusters, window, block_length,
                  flange, routing_mode):
   """Raises ValueError (one line naming the fix) for a configuration the layer cannot run."""
-  heads = local_heads + routing_heads
-  if heads <= 0 or hidden_size % heads:
+  total = local_heads + routing_heads
+  if total <= 0 or hidden_size % total:
     raise ValueError("RoutingSelfAttention: hidden_size=%d is not divisible by local_heads + "
-                     "routing_heads = %d; change one of them." % (hidden_size, heads))
+                     "routing_heads = %d; change one of them." % (hidden_size, total))
   if routing_heads and (num_clusters <= 0 or window <= 0):
     raise ValueError("RoutingSelfAttention: routing_heads=%d needs num_clusters > 0 and window > "
                      "0 (got %d, %d)." % (routing_heads, num_clusters, window))
@@ -153,58 +140,43 @@ class RoutingSelfAttention(tf.keras.layers.Layer):
 
   def projections(self, x):
     """q (scaled by d^-0.5), k, v: [b, n, hidden] -> 3 x [b, heads, n, d]."""
-    heads = self.local_heads + self.routing_heads
-    q = split_heads(tf.matmul(x, self.q_kernel), heads) * self.depth ** -0.5
-    k = split_heads(tf.matmul(x, self.k_kernel), heads)
-    v = split_heads(tf.matmul(x, self.v_kernel), heads)
+    num_heads = self.local_heads + self.routing_heads
+    q = heads.split_heads(tf.matmul(x, self.q_kernel), num_heads) * self.depth ** -0.5
+    k = heads.split_heads(tf.matmul(x, self.k_kernel), num_heads)
+    v = heads.split_heads(tf.matmul(x, self.v_kernel), num_heads)
     return q, k, v
 
-  def route(self, q, k, v, padding):
-    """Routing heads: (output [b, hr, n, d], aux of the attention function)."""
-    rel_k, rel_v = self.routing_tables
-    k = q if self.share_qk else k
-    if self.causal and self.routing_mode == "causal_window":
-      return attention.causal_window_attention(
-          q, k, v, self.means, self.window, share_qk=self.share_qk, padding=padding,
-          relative_keys=rel_k, relative_values=rel_v)
-    return attention.routing_attention(
-        q, k, v, self.means, self.window, causal=self.causal, share_qk=self.share_qk,
-        padding=padding, relative_keys=rel_k, relative_values=rel_v)
+  def head_config(self):
+    """The heads.HeadConfig of this layer."""
+    return heads.HeadConfig(window=self.window, block_length=self.block_length,
+                            flange=self.flange, share_qk=self.share_qk,
+                            routing_mode=self.routing_mode, random_routing=False,
+                            legacy_causal_key_routing=False)
 
   def update_centroids(self, aux):
-    """One EMA step (kmeans.ema_step + smoothed_means) from the routing aux of this batch."""
+    """One EMA step of the centroids (`kmeans.assign_ema_update`) from this routing aux."""
     x_hats, clusters = kmeans.routed_vectors(aux, self.share_qk)
     counts, sums = kmeans.combined_statistics(x_hats, clusters, self.num_clusters,
                                               aux["weights"])
-    new_count, new_sums = kmeans.ema_step(self.ema_count, self.ema_means, counts, sums,
-                                          self.decay)
-    self.ema_count.assign(new_count)
-    self.ema_means.assign(new_sums)
-    self.means.assign(kmeans.smoothed_means(new_count, new_sums, self.epsilon))
+    kmeans.assign_ema_update(self.means, self.ema_count, self.ema_means, counts, sums,
+                             self.decay, self.epsilon)
 
   def call(self, x, padding=None, training=None):
     training = bool(training)
     q, k, v = self.projections(x)
     r = self.routing_heads
-    outputs = []
+    out, aux = heads.mixed_heads(q, k, v, r, self.head_config(), self.causal, padding,
+                                 self.means if r else None, self.routing_tables,
+                                 self.local_tables)
     if r:
-      out, aux = self.route(q[:, :r], k[:, :r], v[:, :r], padding)
       self.add_loss(self.beta * aux["commitment_loss"])
       if training:
         self.update_centroids(aux)
-      outputs.append(out)
-    if self.local_heads:
-      rel_k, rel_v = self.local_tables
-      outputs.append(attention.local_attention(
-          q[:, r:], k[:, r:], v[:, r:], self.block_length, self.flange, causal=self.causal,
-          relative_keys=rel_k, relative_values=rel_v, padding=None if self.causal else padding,
-          scale=1.0))
-    out = tf.concat(outputs, axis=1) if len(outputs) > 1 else outputs[0]
     if training and self.attention_dropout:
       out = tf.nn.dropout(out, rate=self.attention_dropout)
     if self.head_dense_kernel is not None:
       out = tf.matmul(out, self.head_dense_kernel)
-    return tf.matmul(combine_heads(out), self.output_kernel)
+    return tf.matmul(heads.combine_heads(out), self.output_kernel)
 
 
 @tf.keras.utils.register_keras_serializable(package="routing_transformer")

@@ -134,6 +134,32 @@ def codebook_loss(x_hat, centroids, clusters, weights):
   return routing.centroid_distance(tf.stop_gradient(x_hat), centroids, clusters, weights)
 
 
+def assign_ema_update(means, ema_count, ema_means, counts, sums, decay=DECAY, epsilon=EPSILON,
+                      ema=True, candidates=None):
+  """Assigns one EMA step to a layer's k-means variables (graph op, or done at once in eager).
+
+  ema_count <- EMA of counts [h, c]; ema_means <- EMA of sums [h, c, d]; then (ema=True)
+  means <- `smoothed_means`. With `candidates` [h, c, d] (see `reseed_candidates`), clusters dead
+  after the step (`dead_mask` of the new EMA counts) take their candidate as centroid, their EMA
+  sums set so the smoothed mean is exactly the candidate (counts kept). With ema=False only the
+  EMA statistics move (monitoring); the trainable means are left to the codebook loss.
+  Returns the grouped update op (None in eager mode).
+  """
+  new_count, new_sums = ema_step(ema_count, ema_means, counts, sums, decay)
+  new_means = smoothed_means(new_count, new_sums, epsilon)
+  if candidates is not None:
+    dead = dead_mask(new_count)[..., tf.newaxis]
+    count = smoothed_count(new_count, epsilon)[..., tf.newaxis]
+    new_means = tf.where(dead, candidates, new_means)
+    new_sums = tf.where(dead, candidates * count, new_sums)
+  ops = [ema_count.assign(new_count), ema_means.assign(new_sums)]
+  if not ema:
+    return tf.group(ops)
+  with tf.control_dependencies(ops):
+    op = means.assign(new_means)
+  return tf.group(op)
+
+
 class OnlineKMeans(object):
   """The centroids of one routing layer and their update (tf.compat.v1 variables).
 
@@ -173,25 +199,11 @@ class OnlineKMeans(object):
   def update_from_statistics(self, counts, sums, candidates=None):
     """EMA step from combined statistics: counts [h, c], sums [h, c, d]; returns (op, counts).
 
-    With `candidates` [h, c, d] (see `reseed_candidates`), clusters that are dead after the
-    step (`dead_mask` of the new EMA counts) take their candidate as centroid; their EMA sums
-    are set so that the smoothed mean is exactly the candidate, their counts are kept.
-    With ema=False only the EMA statistics move (for occupancy and dead-cluster monitoring);
-    the means are trainable and left to the codebook loss.
+    See `assign_ema_update` (re-seeding with `candidates` [h, c, d]; ema=False).
     """
-    new_count, new_sums = ema_step(self.ema_count, self.ema_means, counts, sums, self.decay)
-    new_means = smoothed_means(new_count, new_sums, self.epsilon)
-    if candidates is not None:
-      dead = dead_mask(new_count)[..., tf.newaxis]
-      count = smoothed_count(new_count, self.epsilon)[..., tf.newaxis]
-      new_means = tf.where(dead, candidates, new_means)
-      new_sums = tf.where(dead, candidates * count, new_sums)
-    ops = [self.ema_count.assign(new_count), self.ema_means.assign(new_sums)]
-    if not self.ema:  # the gradient of the codebook loss moves the means; EMA only monitors
-      return tf.group(ops), counts
-    with tf.control_dependencies(ops):
-      op = self.means.assign(new_means)
-    return tf.group(op), counts
+    op = assign_ema_update(self.means, self.ema_count, self.ema_means, counts, sums, self.decay,
+                           self.epsilon, self.ema, candidates)
+    return op, counts
 
   def loss(self, commitment, x_hats=(), clusters=(), weights=None):
     """beta * commitment loss; with ema=False also the codebook loss of (x_hats, clusters)."""

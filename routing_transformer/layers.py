@@ -2,9 +2,12 @@
 
 Shapes: x [b, n, hidden]; heads are [b, h, n, d_head] with d_head = hidden / heads.
 """
+import math
+
 import tensorflow as tf
 
 from routing_transformer import attention
+from routing_transformer import heads
 from routing_transformer.attention import incremental
 from routing_transformer.attention import routing
 from routing_transformer import kmeans
@@ -16,20 +19,6 @@ tf1 = tf.compat.v1
 def dense(x, units, name, use_bias=False):
   """Dense over the last axis (tf.compat.v1 variables `name/kernel`, `name/bias`)."""
   return tf1.layers.dense(x, units, use_bias=use_bias, name=name)
-
-
-def split_heads(x, heads):
-  """[b, n, h * d] -> [b, h, n, d]."""
-  shape = common_layers.shape_list(x)
-  x = tf.reshape(x, shape[:2] + [heads, shape[2] // heads])
-  return tf.transpose(x, [0, 2, 1, 3])
-
-
-def combine_heads(x):
-  """[b, h, n, d] -> [b, n, h * d]."""
-  shape = common_layers.shape_list(x)
-  x = tf.transpose(x, [0, 2, 1, 3])
-  return tf.reshape(x, [shape[0], shape[2], shape[1] * shape[3]])
 
 
 def relative_tables(hparams, depth, enabled):
@@ -74,10 +63,10 @@ def head_counts(hparams, layer_index):
 def projections(x, hparams, layer_index):
   """q (scaled by d^-0.5), k, v: [b, n, hidden] -> 3 x [b, heads, n, d]."""
   num_routing, num_local, depth = head_counts(hparams, layer_index)
-  heads = num_routing + num_local
-  q = split_heads(dense(x, hparams.hidden_size, "q"), heads) * depth ** -0.5
-  k = split_heads(dense(x, hparams.hidden_size, "k"), heads)
-  v = split_heads(dense(x, hparams.hidden_size, "v"), heads)
+  num_heads = num_routing + num_local
+  q = heads.split_heads(dense(x, hparams.hidden_size, "q"), num_heads) * depth ** -0.5
+  k = heads.split_heads(dense(x, hparams.hidden_size, "k"), num_heads)
+  v = heads.split_heads(dense(x, hparams.hidden_size, "v"), num_heads)
   return q, k, v
 
 
@@ -90,6 +79,26 @@ def routing_variables(hparams, layer_index):
                              name="cluster_attention")
     rel_k, rel_v = relative_tables(hparams, depth, hparams.sparsity_cluster_relative)
   return km, rel_k, rel_v
+
+
+def routing_options(hparams, layer_index):
+  """Keyword arguments of the routing attention functions for the extensions beyond the paper
+  (all off in the paper's sets): `routing_exclude_self` and `routing_logit_scale` ("none": the
+  paper's unscaled logits; "rsqrt_depth": d^-0.5; "learned": a per-head scale, initialised at
+  d^-0.5, variable `routing/logit_scale` [routing heads] holding its log)."""
+  num_routing, _, depth = head_counts(hparams, layer_index)
+  mode = hparams.get("routing_logit_scale", "none")
+  scale = None
+  if mode == "rsqrt_depth":
+    scale = depth ** -0.5
+  elif mode == "learned":
+    with tf1.variable_scope("routing"):
+      log_scale = tf1.get_variable(
+          "logit_scale", [num_routing],
+          initializer=tf1.constant_initializer(-0.5 * math.log(depth)))
+    scale = tf.exp(log_scale)
+  return {"exclude_self": bool(hparams.get("routing_exclude_self", False)),
+          "logit_scale": scale}
 
 
 def local_variables(hparams, layer_index):
@@ -105,7 +114,16 @@ def attention_output(out, hparams, train=False):
       hparams.attention_dropout else out
   if hparams.head_dense:  # one [d, d] map shared by all heads, as in the released model
     out = dense(out, out.shape[-1], "head_dense")
-  return dense(combine_heads(out), hparams.hidden_size, "output_transform")
+  return dense(heads.combine_heads(out), hparams.hidden_size, "output_transform")
+
+
+def head_config(hparams):
+  """The heads.HeadConfig of a model's hparams."""
+  return heads.HeadConfig(
+      window=hparams.sparsity_cluster_attention_window, block_length=hparams.query_shape[0],
+      flange=hparams.memory_flange[0], share_qk=hparams.share_qk,
+      routing_mode=hparams.routing_mode, random_routing=hparams.random_routing,
+      legacy_causal_key_routing=hparams.legacy_causal_key_routing)
 
 
 def self_attention(x, hparams, layer_index, padding, causal=True, train=False):
@@ -123,33 +141,20 @@ def self_attention(x, hparams, layer_index, padding, causal=True, train=False):
   """
   num_routing, num_local, _ = head_counts(hparams, layer_index)
   q, k, v = projections(x, hparams, layer_index)
-  outputs, loss, step = [], 0.0, None
+  loss, step = 0.0, None
+  means, routing_tables, local_tables, options = None, (None, None), (None, None), {}
   if num_routing:
     km, rel_k, rel_v = routing_variables(hparams, layer_index)
-    q_r, k_r, v_r = q[:, :num_routing], k[:, :num_routing], v[:, :num_routing]
-    if hparams.share_qk:
-      k_r = q_r
-    if causal and hparams.routing_mode == "causal_window":
-      out, aux = attention.causal_window_attention(
-          q_r, k_r, v_r, km.means, hparams.sparsity_cluster_attention_window,
-          share_qk=hparams.share_qk, padding=padding, relative_keys=rel_k,
-          relative_values=rel_v)
-    else:  # "topk" (paper routing); encoders always use it
-      out, aux = attention.routing_attention(
-          q_r, k_r, v_r, km.means, hparams.sparsity_cluster_attention_window, causal=causal,
-          share_qk=hparams.share_qk, padding=padding, relative_keys=rel_k,
-          relative_values=rel_v, random_routing=hparams.random_routing)
+    means, routing_tables = km.means, (rel_k, rel_v)
+    options = routing_options(hparams, layer_index)
+  if num_local:
+    local_tables = local_variables(hparams, layer_index)
+  out, aux = heads.mixed_heads(q, k, v, num_routing, head_config(hparams), causal, padding,
+                               means, routing_tables, local_tables, options)
+  if num_routing:
     x_hats, clusters = kmeans.routed_vectors(aux, hparams.share_qk)
     loss = km.loss(aux["commitment_loss"], x_hats, clusters, aux["weights"])
     step = KMeansStep(km, x_hats, clusters, aux["weights"]) if train else None
-    outputs.append(out)
-  if num_local:
-    rel_k, rel_v = local_variables(hparams, layer_index)
-    outputs.append(attention.local_attention(
-        q[:, num_routing:], k[:, num_routing:], v[:, num_routing:], hparams.query_shape[0],
-        hparams.memory_flange[0], causal=causal, relative_keys=rel_k, relative_values=rel_v,
-        padding=None if causal else padding, scale=1.0))
-  out = tf.concat(outputs, axis=1) if len(outputs) > 1 else outputs[0]
   return attention_output(out, hparams, train), loss, step
 
 
@@ -209,12 +214,14 @@ def self_attention_step(x, hparams, layer_index, cache, position):
   cache, outputs = dict(cache), []
   if num_routing:
     km, rel_k, rel_v = routing_variables(hparams, layer_index)
+    options = routing_options(hparams, layer_index)
     q_hat = attention.layer_norm_no_scale(q[:, :num_routing])
     k_hat = q_hat if hparams.share_qk else attention.layer_norm_no_scale(k[:, :num_routing])
     mu = tf.cast(km.means, q_hat.dtype)
     if hparams.routing_mode == "causal_window":
       out, cache["routing_window"] = incremental.causal_window_step(
-          q_hat, k_hat, v[:, :num_routing], mu, cache["routing_window"], rel_k, rel_v)
+          q_hat, k_hat, v[:, :num_routing], mu, cache["routing_window"], rel_k, rel_v,
+          **options)
       outputs.append(out)
     else:
       scores = routing.centroid_scores(q_hat, mu)  # [b, h, c, 1]
@@ -226,7 +233,7 @@ def self_attention_step(x, hparams, layer_index, cache, position):
       outputs.append(incremental.routing_attention_step(
           q_hat, cache["routing_k"], cache["routing_v"], cache["routing_scores"], position,
           hparams.sparsity_cluster_attention_window, relative_keys=rel_k,
-          relative_values=rel_v))
+          relative_values=rel_v, **options))
   if num_local:
     rel_k, rel_v = local_variables(hparams, layer_index)
     slot = position % cache["local_pos"].shape[1]
@@ -245,8 +252,8 @@ def self_attention_step(x, hparams, layer_index, cache, position):
 def encdec_memory(memory, hparams):
   """Keys and values of the encoder output for encdec_attention: 2 x [b, heads, m, d]."""
   num_heads = hparams.local_num_heads + hparams.sparsity_cluster_num_heads
-  k = split_heads(dense(memory, hparams.hidden_size, "k"), num_heads)
-  v = split_heads(dense(memory, hparams.hidden_size, "v"), num_heads)
+  k = heads.split_heads(dense(memory, hparams.hidden_size, "k"), num_heads)
+  v = heads.split_heads(dense(memory, hparams.hidden_size, "v"), num_heads)
   return k, v
 
 
@@ -265,7 +272,7 @@ def encdec_attention(x, memory, hparams, memory_padding, position=None):
   """
   num_heads = hparams.local_num_heads + hparams.sparsity_cluster_num_heads
   depth = hparams.hidden_size // num_heads
-  q = split_heads(dense(x, hparams.hidden_size, "q"), num_heads) * depth ** -0.5
+  q = heads.split_heads(dense(x, hparams.hidden_size, "q"), num_heads) * depth ** -0.5
   k, v = memory if isinstance(memory, tuple) else encdec_memory(memory, hparams)
   target_length = hparams.max_target_length or hparams.max_length
   block = hparams.memory_query_shape[0]
@@ -278,7 +285,7 @@ def encdec_attention(x, memory, hparams, memory_padding, position=None):
                                     padding=memory_padding, scale=1.0)
   else:
     out = attention.full_attention(q, k, v, causal=False, padding=memory_padding, scale=1.0)
-  return dense(combine_heads(out), hparams.hidden_size, "output_transform")
+  return dense(heads.combine_heads(out), hparams.hidden_size, "output_transform")
 
 
 def ffn(x, hparams, train=False):

@@ -14,7 +14,7 @@ import collections
 
 import tensorflow as tf
 
-from routing_transformer import checkpoints
+from routing_transformer import checkpoint_files
 from routing_transformer import compat
 from routing_transformer import health
 from routing_transformer import kmeans
@@ -70,6 +70,12 @@ def check_hparams(hparams, length=None):
       problems.append("sparsity_cluster_size * sparsity_cluster_attention_window = %d * %d < "
                       "length %d leaves tokens out of every cluster; use sparsity_cluster_size "
                       ">= %d" % (clusters, window, length, -(-length // window)))
+  if hparams.legacy_causal_key_routing and hparams.routing_mode != "topk":
+    problems.append("legacy_causal_key_routing=True reproduces the original's top-k routing; "
+                    "use it with routing_mode='topk'")
+  if hparams.get("routing_logit_scale", "none") not in ("none", "rsqrt_depth", "learned"):
+    problems.append("routing_logit_scale=%r is not supported; use 'none' (paper), "
+                    "'rsqrt_depth' or 'learned'" % hparams.routing_logit_scale)
   if hparams.routing_mode not in ("topk", "causal_window"):
     problems.append("routing_mode=%r is not supported; use 'topk' (paper routing) or "
                     "'causal_window' (strictly causal)" % hparams.routing_mode)
@@ -248,7 +254,7 @@ class RoutingTransformer(t2t_model.T2TModel):
     self._kmeans_steps = collections.OrderedDict()
     sharded_logits, losses = super(RoutingTransformer, self).model_fn_sharded(sharded_features)
     if self.hparams.mode != tf.estimator.ModeKeys.PREDICT:  # decoding may name its checkpoint
-      checkpoints.check_restorable(self.hparams.get("model_dir"), tf1.global_variables())
+      checkpoint_files.check_restorable(self.hparams.get("model_dir"), tf1.global_variables())
     if self.is_train and self._kmeans_steps:
       updates = [self.centroid_update(steps) for steps in self._kmeans_steps.values()]
       with tf.control_dependencies(updates):

@@ -7,7 +7,7 @@
 
     python -m routing_transformer.score --checkpoint DIR --hparams_set pg19_local_cluster8k \\
         --vocab vocab.pg19_length8k.32768.subwords --text_file book.txt \\
-        [--span_start C --span_end C]
+        [--span_start C --span_end C] [--t2t_usr_dir DIR,...]
 
 The model is built once in its own tf.compat.v1 graph and session (exactly how T2T restores
 checkpoints); callers pass strings and get numpy arrays. Checkpoints written by t2t-trainer under
@@ -34,6 +34,7 @@ import tensorflow as tf
 
 from routing_transformer import checkpoints
 from routing_transformer import perplexity
+from routing_transformer import usr_dirs
 
 tf1 = tf.compat.v1
 
@@ -131,7 +132,7 @@ class Scorer(object):
 
   def __init__(self, checkpoint, hparams_set, vocab=None, hparams="", batch_size=1, stride=None,
                model="routing_transformer", pg19_lines=False, append_eos=False, problem=None,
-               data_dir=None):
+               data_dir=None, t2t_usr_dir=None, hparams_json="check"):
     """Builds the model and restores the checkpoint.
 
     Args:
@@ -146,24 +147,30 @@ class Scorer(object):
       append_eos: score an EOS after each text (the PG-19 examples end with one).
       problem, data_dir: a registered T2T problem whose targets encoder (read from data_dir)
         is used when `vocab` is None.
+      t2t_usr_dir: comma-separated user directories to import first (their problems and
+        hparams sets), as the T2T binaries' --t2t_usr_dir.
+      hparams_json: what to do with an hparams.json beside the checkpoint: "check" it against
+        the hparams (one report of every difference), "use" it to build them, or "ignore" it.
     """
     from routing_transformer import model as model_lib  # pylint: disable=g-import-not-at-top
     from tensor2tensor.data_generators import problem_hparams  # pylint: disable=g-import-not-at-top
+    try:
+      usr_dirs.import_usr_dirs(t2t_usr_dir)
+    except usr_dirs.UsrDirError as e:
+      raise ScorerError(str(e))
     try:
       self.checkpoint = checkpoints.find_checkpoint(checkpoint)
     except checkpoints.CheckpointError as e:
       raise ScorerError(str(e))
     self.encoder = load_encoder(vocab, problem, data_dir)
-    if isinstance(hparams_set, str):
-      try:
-        hparams_set = checkpoints.hparams_from_flags(hparams_set, hparams)
-      except checkpoints.CheckpointError as e:
-        raise ScorerError(str(e))
-    else:
-      hparams_set = checkpoints.copy_hparams(hparams_set)
-      if hparams:
-        hparams_set.parse(hparams)
-    self.hparams = hparams_set
+    try:
+      self.hparams = checkpoints.resolve_hparams(self.checkpoint, hparams_set, hparams,
+                                                 hparams_json, t2t_usr_dir)
+    except checkpoints.CheckpointError as e:
+      raise ScorerError(str(e))
+    if self.hparams is None:
+      raise ScorerError("pass --hparams_set (the set the checkpoint was trained with) or "
+                        "--hparams_json=use")
     try:
       model_lib.check_hparams(self.hparams)
     except model_lib.HParamsError as e:
@@ -275,7 +282,8 @@ def main(argv=None):
       prog="python -m routing_transformer.score",
       description="Per-token log-likelihoods and word-level perplexity of text files.")
   parser.add_argument("--checkpoint", required=True, help="checkpoint prefix or directory")
-  parser.add_argument("--hparams_set", required=True)
+  parser.add_argument("--hparams_set", default=None,
+                      help="the checkpoint's hparams set (optional with --hparams_json=use)")
   parser.add_argument("--hparams", default="")
   parser.add_argument("--vocab", default=None, help="subword vocab file")
   parser.add_argument("--problem", default=None,
@@ -292,6 +300,11 @@ def main(argv=None):
   parser.add_argument("--pg19_lines", action="store_true",
                       help="encode like the original PG-19 data (stripped lines joined)")
   parser.add_argument("--append_eos", action="store_true")
+  parser.add_argument("--hparams_json", default="check", choices=["check", "use", "ignore"],
+                      help="hparams.json beside the checkpoint: check it against --hparams_set "
+                           "(default), use it to build the hparams, or ignore it")
+  parser.add_argument("--t2t_usr_dir", default=None,
+                      help="comma-separated user directories (their problems and hparams sets)")
   parser.add_argument("--per_token", action="store_true",
                       help="also print every token and its log-likelihood")
   args = parser.parse_args(argv)
@@ -309,7 +322,8 @@ def main(argv=None):
       pairs = [(texts[0][:start], texts[0][start:end])]
     scorer = Scorer(args.checkpoint, args.hparams_set, args.vocab, args.hparams,
                     args.batch_size, args.stride, pg19_lines=args.pg19_lines,
-                    append_eos=args.append_eos, problem=args.problem, data_dir=args.data_dir)
+                    append_eos=args.append_eos, problem=args.problem, data_dir=args.data_dir,
+                    t2t_usr_dir=args.t2t_usr_dir, hparams_json=args.hparams_json)
     if span:
       scores, texts = scorer.score_spans(pairs), [pairs[0][1]]
     else:

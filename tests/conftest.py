@@ -2,6 +2,7 @@
 import os
 import subprocess
 import sys
+import types
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -19,10 +20,18 @@ def rng():
 BIN = os.path.dirname(sys.executable)
 
 
+class HParamsStandIn(types.SimpleNamespace):
+  """Plain attributes standing in for T2T HParams in layer tests, with HParams.get."""
+
+  def get(self, name, default=None):
+    return getattr(self, name, default)
+
+
 def run_t2t(binary, *args, timeout=600, env=None):
   """Runs a stock T2T binary with --t2t_usr_dir=t2t_usr_dir; returns the CompletedProcess."""
   cmd = [os.path.join(BIN, binary), "--t2t_usr_dir=" + os.path.join(ROOT, "t2t_usr_dir")]
-  full_env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", **(env or {}))
+  full_env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+  full_env.update(env or {})
   return subprocess.run(cmd + [str(a) for a in args], capture_output=True, text=True,
                         timeout=timeout, cwd=ROOT, env=full_env)
 

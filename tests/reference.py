@@ -90,12 +90,30 @@ def members(scores, window, pad):
   return np.sort(order[:window])
 
 
+def without_self(allowed):
+  """Extension routing_exclude_self: drop (i, i) from rows that allow another key."""
+  allowed = allowed.copy()
+  n = min(allowed.shape)
+  others = allowed.copy()
+  others[np.arange(n), np.arange(n)] = False
+  rows = others.any(axis=1)
+  allowed[rows] = others[rows]
+  return allowed
+
+
+def head_scales(logit_scale, heads):
+  """Per-head logit multipliers of the extension routing_logit_scale (1 = the paper)."""
+  return np.broadcast_to(np.asarray(1.0 if logit_scale is None else logit_scale,
+                                    np.float64), [heads])
+
+
 def routing(q, k, v, centroids, window, causal=True, share_qk=True, padding=None, rel_k=None,
-            rel_v=None):
+            rel_v=None, exclude_self=False, logit_scale=None):
   """Routing attention; returns (output, query_clusters, commitment_loss)."""
   bsz, heads, n, _ = q.shape
   q_hat = layer_norm(q)
   k_hat = q_hat if share_qk else layer_norm(k)
+  scales = head_scales(logit_scale, heads)
   out = np.zeros(q.shape[:3] + (v.shape[-1],))
   clusters = np.zeros((bsz, heads, n), np.int64)
   sq_err, count_err = 0.0, 0
@@ -127,8 +145,11 @@ def routing(q, k, v, centroids, window, causal=True, share_qk=True, padding=None
         allowed = in_q[:, None] & in_k[None, :] & ~pad[None, :]
         if causal:
           allowed &= np.tri(n, n, dtype=bool)
+        if exclude_self:
+          allowed = without_self(allowed)
         rank_distance = rank_k[None, :] - rank_q[:, None]
-        o = attend(q_hat[b, h], k_hat[b, h], v[b, h], allowed, rank_distance, rel_k, rel_v)
+        o = attend(q_hat[b, h] * scales[h], k_hat[b, h], v[b, h], allowed, rank_distance, rel_k,
+                   rel_v)
         total[in_q] += o[in_q]
         count[in_q] += 1
       out[b, h] = total / (count[:, None] + COUNT_EPSILON)
@@ -136,12 +157,13 @@ def routing(q, k, v, centroids, window, causal=True, share_qk=True, padding=None
 
 
 def causal_window(q, k, v, centroids, window, share_qk=True, padding=None, rel_k=None,
-                  rel_v=None):
+                  rel_v=None, exclude_self=False, logit_scale=None):
   """Strictly causal routing: query i attends to the last `window` positions j <= i of its
   argmax cluster (itself included); returns (output, clusters)."""
   bsz, heads, n, _ = q.shape
   q_hat = layer_norm(q)
   k_hat = q_hat if share_qk else layer_norm(k)
+  scales = head_scales(logit_scale, heads)
   out = np.zeros(q.shape[:3] + (v.shape[-1],))
   clusters = np.zeros((bsz, heads, n), np.int64)
   for b in range(bsz):
@@ -157,6 +179,40 @@ def causal_window(q, k, v, centroids, window, share_qk=True, padding=None, rel_k
         same = [j for j in range(i + 1) if a[j] == a[i]][-window:]
         allowed[i, same] = True
       allowed &= ~pad[None, :]
+      if exclude_self:
+        allowed = without_self(allowed)
       distance = rank[None, :] - rank[:, None]
-      out[b, h] = attend(q_hat[b, h], k_hat[b, h], v[b, h], allowed, distance, rel_k, rel_v)
+      out[b, h] = attend(q_hat[b, h] * scales[h], k_hat[b, h], v[b, h], allowed, distance, rel_k,
+                         rel_v)
   return out, clusters
+
+
+def original_causal_routing(q, k, v, centroids, window, rel_k=None, rel_v=None):
+  """The original release's causal routing with separate keys (share_qk=False), as its utils.py
+  computes it (clustered_local_attention_helper with masked=True, no padding): per centroid, the
+  query list is the top-`window` positions by the queries' scores and the key/value list the
+  top-`window` positions by the keys' own scores, each sorted ascending; the window x window
+  block is masked with the lower triangle on ranks (query rank i sees key ranks j <= i, whatever
+  the positions), relative distances are rank distances, and outputs are summed back onto the
+  query positions divided by (count + 1e-2). Returns [b, h, n, d]."""
+  bsz, heads, n, _ = q.shape
+  q_hat, k_hat = layer_norm(q), layer_norm(k)
+  out = np.zeros(q.shape[:3] + (v.shape[-1],))
+  ranks = np.arange(window)
+  distance = ranks[None, :] - ranks[:, None]  # key rank - query rank
+  below = np.tri(window, window, dtype=bool)  # attention_bias_lower_triangle
+  for b in range(bsz):
+    for h in range(heads):
+      dist_q = -(q_hat[b, h] @ centroids[h].T)  # [n, c]: the original's "distances"
+      dist_k = -(k_hat[b, h] @ centroids[h].T)
+      total = np.zeros((n, v.shape[-1]))
+      count = np.zeros(n)
+      for c in range(centroids.shape[1]):
+        q_idx = np.sort(np.argsort(dist_q[:, c], kind="stable")[:window])  # top_k(-dist)
+        k_idx = np.sort(np.argsort(dist_k[:, c], kind="stable")[:window])
+        o = attend(q_hat[b, h, q_idx], k_hat[b, h, k_idx], v[b, h, k_idx], below, distance,
+                   rel_k, rel_v)
+        total[q_idx] += o
+        count[q_idx] += 1
+      out[b, h] = total / (count[:, None] + COUNT_EPSILON)
+  return out

@@ -1,11 +1,11 @@
 """analysis.py (attention pictures, occupancy, head JS divergence) and curves.py."""
 import os
-import types
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
+from conftest import HParamsStandIn
 from routing_transformer import analysis
 from routing_transformer import curves
 
@@ -43,10 +43,11 @@ def test_occupancy_shares_leave_out_padding():
 
 
 def hparams(**overrides):
-  h = types.SimpleNamespace(
+  h = HParamsStandIn(
       hidden_size=32, local_num_heads=2, sparsity_cluster_num_heads=2, sparsity_skip_first=0,
       sparsity_cluster_size=4, sparsity_cluster_attention_window=16, query_shape=(16,),
       memory_flange=(16,), share_qk=True, routing_mode="topk", random_routing=False,
+      legacy_causal_key_routing=False,
       max_relative_position=0, local_relative=True, sparsity_cluster_relative=True,
       head_dense=True, attention_dropout=0.0, decay=0.999, beta=1e-4, ema=True)
   h.__dict__.update(overrides)
@@ -169,3 +170,17 @@ def test_curves_read_runs_and_plot(tmp_path):
   assert os.path.getsize(out) > 10000
   with pytest.raises(SystemExit, match="no 'accuracy' scalars"):
     curves.plot_runs([("a", str(tmp_path / "a"))], out, tag="accuracy")
+
+
+def test_head_focus_hand_numbers():
+  probs = np.zeros([1, 2, 3, 3])
+  probs[0, 0] = [[1, 0, 0], [0.5, 0.5, 0], [0.2, 0.3, 0.5]]  # local
+  probs[0, 1] = [[1, 0, 0], [0, 0, 0], [0, 0.02, 0.98]]      # routing; query 1 in no cluster
+  probs, valid = analysis.normalise_rows(probs)
+  focus = analysis.head_focus(probs, valid, ["local", "routing"])
+  np.testing.assert_allclose([focus["local"][k] for k in analysis.FOCUS_KEYS], [0.5, 0.5, 2.5, 0])
+  np.testing.assert_allclose([focus["routing"][k] for k in analysis.FOCUS_KEYS],
+                             [0.98, 0.98, 2, 0.5])
+  assert focus["local"]["rows"] == 2 and focus["routing"]["rows"] == 1
+  padded = analysis.head_focus(probs, valid, ["local", "routing"], np.array([[1, 1, 0]], bool))
+  assert padded["routing"]["unattended"] == 1.0 and padded["local"]["self"] == 0.5

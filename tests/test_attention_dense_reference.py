@@ -109,6 +109,39 @@ def test_routing_attention_relative_and_padding(rng, causal, share_qk):
   np.testing.assert_array_equal(aux["weights"].numpy(), 1.0 - pad)
 
 
+@pytest.mark.parametrize("causal,share_qk", [(True, True), (True, False), (False, True),
+                                             (False, False)])
+@pytest.mark.parametrize("exclude_self,logit_scale", [(True, None), (False, "heads"),
+                                                      (True, 0.35)])
+def test_routing_attention_extensions(rng, causal, share_qk, exclude_self, logit_scale):
+  """routing_exclude_self / routing_logit_scale against the dense reference, with padding and
+  relative positions (the first member of a causal cluster keeps itself: nothing else)."""
+  b, h, n, d, clusters, window = 2, 3, 24, 8, 4, 8
+  q, k, v = _qkv(rng, b, h, n, d)
+  mu = reference.layer_norm(rng.standard_normal((h, clusters, d))).astype(np.float32)
+  rel_k = rng.standard_normal((7, d)).astype(np.float32)
+  rel_v = rng.standard_normal((7, d)).astype(np.float32)
+  pad = _padding(rng, b, n)
+  scale = np.array([0.2, 0.5, 1.5], np.float32) if logit_scale == "heads" else logit_scale
+  got, _ = attention.routing_attention(q, k, v, mu, window, causal=causal, share_qk=share_qk,
+                                       padding=pad, relative_keys=rel_k, relative_values=rel_v,
+                                       exclude_self=exclude_self, logit_scale=scale)
+  want, _, _ = reference.routing(q, k, v, mu, window, causal, share_qk, pad, rel_k, rel_v,
+                                 exclude_self=exclude_self, logit_scale=scale)
+  np.testing.assert_allclose(got.numpy(), want, atol=ATOL)
+  plain, _ = attention.routing_attention(q, k, v, mu, window, causal=causal, share_qk=share_qk,
+                                         padding=pad, relative_keys=rel_k, relative_values=rel_v)
+  assert np.abs(got.numpy() - plain.numpy()).max() > 1e-2  # the switch changes the function
+
+
+def test_exclude_self_keeps_a_lonely_query_on_itself():
+  allowed = tf.constant([[True, False, False], [True, True, False], [False, False, False]])
+  is_self = tf.eye(3, dtype=tf.bool)
+  got = attention.common.exclude_self(allowed, is_self).numpy()
+  np.testing.assert_array_equal(got, [[True, False, False], [True, False, False],
+                                      [False, False, False]])
+
+
 def test_routing_one_cluster_is_full_attention_on_normalised_vectors(rng):
   q, k, v = _qkv(rng, 1, 2, 16, 8)
   mu = reference.layer_norm(rng.standard_normal((2, 1, 8))).astype(np.float32)

@@ -31,7 +31,9 @@ def inputs(rng, n, depth=8, clusters=3, heads=2):
     (64, 16, 4, True, 0, True),
     (24, 24, 1, True, 0, False),  # one cluster, window = n: dense causal attention
 ])
-def test_matches_dense_reference(rng, n, window, clusters, share_qk, pad_last, relative):
+@pytest.mark.parametrize("extensions", [{}, dict(exclude_self=True, logit_scale=[0.4, 1.7])])
+def test_matches_dense_reference(rng, n, window, clusters, share_qk, pad_last, relative,
+                                 extensions):
   q, k, v, mu, (rel_k, rel_v) = inputs(rng, n, clusters=clusters)
   rel_k, rel_v = (rel_k, rel_v) if relative else (None, None)
   padding = None
@@ -40,9 +42,10 @@ def test_matches_dense_reference(rng, n, window, clusters, share_qk, pad_last, r
     padding[1, -pad_last:] = True
   out, aux = cw.causal_window_attention(q, k, v, mu, window, share_qk=share_qk,
                                         padding=padding, relative_keys=rel_k,
-                                        relative_values=rel_v)
+                                        relative_values=rel_v, **extensions)
   expected, clusters_ref = reference.causal_window(q, k, v, mu, window, share_qk=share_qk,
-                                                   padding=padding, rel_k=rel_k, rel_v=rel_v)
+                                                   padding=padding, rel_k=rel_k, rel_v=rel_v,
+                                                   **extensions)
   real = np.ones((2, n), bool) if padding is None else ~padding
   mask = real[:, None, :, None]  # outputs at padding positions are not defined
   np.testing.assert_allclose(np.where(mask, out.numpy(), 0), np.where(mask, expected, 0),
@@ -65,18 +68,20 @@ def test_is_strictly_causal_and_xla_compiles(rng):
   np.testing.assert_allclose(xla, out, atol=1e-5)
 
 
-@pytest.mark.parametrize("share_qk", [True, False])
-def test_cached_step_equals_full_attention_at_every_position(rng, share_qk):
+@pytest.mark.parametrize("share_qk,extensions", [
+    (True, {}), (False, {}), (True, dict(exclude_self=True, logit_scale=[0.4, 1.7]))])
+def test_cached_step_equals_full_attention_at_every_position(rng, share_qk, extensions):
   q, k, v, mu, (rel_k, rel_v) = inputs(rng, 40)
   full, _ = cw.causal_window_attention(q, k, v, mu, 8, share_qk=share_qk, relative_keys=rel_k,
-                                       relative_values=rel_v)
+                                       relative_values=rel_v, **extensions)
   q_hat = common.layer_norm_no_scale(q)
   k_hat = q_hat if share_qk else common.layer_norm_no_scale(k)
   cache = incremental.causal_window_cache(2, 2, 3, 8, 8)
   steps = []
   for t in range(40):
     out, cache = incremental.causal_window_step(q_hat[:, :, t:t + 1], k_hat[:, :, t:t + 1],
-                                                v[:, :, t:t + 1], mu, cache, rel_k, rel_v)
+                                                v[:, :, t:t + 1], mu, cache, rel_k, rel_v,
+                                                **extensions)
     steps.append(out)
   np.testing.assert_allclose(tf.concat(steps, 2).numpy(), full.numpy(), atol=1e-5)
   np.testing.assert_array_equal(cache["counts"].numpy().sum(-1), np.full((2, 2), 40))
@@ -91,7 +96,8 @@ def causal_hparams(mode, **overrides):
   return small_hparams(**settings)
 
 
-@pytest.mark.parametrize("overrides", [{}, {"share_qk": False}])
+@pytest.mark.parametrize("overrides", [{}, {"share_qk": False}, {
+    "routing_exclude_self": True, "routing_logit_scale": "learned"}])
 def test_cached_decoding_equals_the_full_forward_pass_exactly(rng, overrides):
   tokens = rng.integers(2, VOCAB, (2, 64)).astype(np.int32)
   with tf.Graph().as_default():

@@ -3,6 +3,7 @@
 The original graph's variables (names and shapes, tiny config) are in
 tests/data/original_variables_tiny.txt (a copy of the project's reference list).
 """
+import json
 import os
 
 import numpy as np
@@ -228,13 +229,20 @@ def original_forward(w, ids, h):
     q = split(dense(x, att + "q")) * depth ** -0.5
     k, v = split(dense(x, att + "k")), split(dense(x, att + "v"))
     outs = []
-    if routed:  # cluster heads come first; share_qk: keys are the queries
+    if routed and h.share_qk:  # cluster heads come first; share_qk: keys are the queries
       cl = nd + "cluster_attention/cluster_attention/"
       outs.append(reference.routing(
           q[:, :routed], q[:, :routed], v[:, :routed], w[cl + "means"],
           h.sparsity_cluster_attention_window, causal=True, share_qk=True,
           rel_k=w[cl + "relative_positions_keys/embeddings"],
           rel_v=w[cl + "relative_positions_values/embeddings"])[0])
+    elif routed:  # separate keys: routed by their own scores, rank-triangle mask
+      cl = nd + "cluster_attention/cluster_attention/"
+      outs.append(reference.original_causal_routing(
+          q[:, :routed], k[:, :routed], v[:, :routed], w[cl + "means"],
+          h.sparsity_cluster_attention_window,
+          rel_k=w[cl + "relative_positions_keys/embeddings"],
+          rel_v=w[cl + "relative_positions_values/embeddings"]))
     outs.append(reference.local(
         q[:, routed:], k[:, routed:], v[:, routed:], h.query_shape[0], h.memory_flange[0],
         causal=True, rel_k=w[nd + "local_nd/relative_positions_keys/embeddings"],
@@ -248,10 +256,14 @@ def original_forward(w, ids, h):
   return dense(x, "final_dense_2", bias=True)
 
 
-def test_converted_model_computes_the_original_function(rng, tmp_path):
+@pytest.mark.parametrize("share_qk", [True, False], ids=["share_qk", "separate_keys_legacy"])
+def test_converted_model_computes_the_original_function(rng, tmp_path, share_qk):
   """Random weights under the original names; our converted model's logits equal an
-  independent NumPy forward pass of the original architecture (small config, 64 tokens)."""
+  independent NumPy forward pass of the original architecture (small config, 64 tokens).
+  With share_qk=False the model needs legacy_causal_key_routing=True to compute it."""
   h = reference_hparams()
+  h.share_qk = share_qk
+  h.legacy_causal_key_routing = not share_qk
   h.max_length = h.max_target_length = h.batch_size = 64
   h.hidden_size = h.embedding_dims = 32
   h.filter_size = 48
@@ -275,3 +287,68 @@ def test_converted_model_computes_the_original_function(rng, tmp_path):
       ours = sess.run(logits).reshape(64, vocab)
   expected = original_forward({n: v.astype(np.float64) for n, v in values.items()}, ids, h)
   np.testing.assert_allclose(ours, expected, rtol=2e-4, atol=2e-4)
+
+
+def with_hparams_json(values, directory, hparams, **extra):
+  """Writes the checkpoint and, beside it, hparams.json as T2T writes it (lists for tuples)."""
+  prefix = write(values, directory)
+  stored = dict(hparams.values(), **extra)
+  with open(os.path.join(directory, "hparams.json"), "w") as f:
+    json.dump(stored, f)
+  return prefix
+
+
+def test_hparams_json_differences_are_named_in_one_report(rng, tmp_path):
+  """--hparams_json=check: every model-relevant difference with both values, unknown names set
+  there, nothing about training-only settings, and nothing written."""
+  original = reference_hparams()
+  original.share_qk, original.max_relative_position = False, 65
+  original.learning_rate_constant = 0.5  # training only: not reported
+  prefix = with_hparams_json(original_values(rng, slots=False), str(tmp_path / "src"), original,
+                             sparsity_strided_num_heads=2, hash_items=False)
+  with pytest.raises(checkpoints.CheckpointError) as error:
+    checkpoints.resolve_hparams(prefix, reference_hparams())
+  message = str(error.value)
+  assert "differs from the given hparams in 2 hparam(s): max_relative_position (hparams.json " \
+      "65, the given hparams 129); share_qk (hparams.json False, the given hparams True)" in message
+  assert "unknown to this model (ignored): sparsity_strided_num_heads=2" in message
+  assert "hash_items" not in message and "learning_rate" not in message
+  assert "--hparams_json=use" in message and "\n" not in message
+  with pytest.raises(SystemExit) as exit_info:
+    checkpoints.main(["--from", prefix, "--to", str(tmp_path / "out"), "--hparams_set",
+                      "pg19_local_cluster8k"])
+  assert str(exit_info.value).startswith("error: ") and "hparams.json differs from " \
+      "--hparams_set=pg19_local_cluster8k in " in str(exit_info.value)
+  assert not os.path.exists(str(tmp_path / "out"))
+  assert checkpoints.resolve_hparams(prefix, reference_hparams(), mode="ignore").share_qk
+
+
+def test_cli_builds_from_hparams_json_and_prints_computed_sizes(rng, tmp_path, capsys):
+  """--hparams_json=use without --hparams_set: the tiny shapes come from hparams.json; the
+  printed parameter count and vocabulary are the checkpoint's; share_qk=False gets the
+  legacy_causal_key_routing line; a --vocab file larger than the embedding is refused."""
+  original = reference_hparams()
+  original.share_qk = False
+  prefix = with_hparams_json(original_values(rng, slots=False), str(tmp_path / "src"), original)
+  vocab = tmp_path / "vocab.pg19_length8k.32768.subwords"  # the name says nothing
+  vocab.write_text("".join("'w%d_'\n" % i for i in range(VOCAB + 1)))
+  with pytest.raises(SystemExit) as exit_info:
+    checkpoints.main(["--from", prefix, "--to", str(tmp_path / "bad"), "--hparams_json", "use",
+                      "--vocab", str(vocab)])
+  assert "has %d subwords but the checkpoint's embedding only %d rows" % (VOCAB + 1, VOCAB) \
+      in str(exit_info.value)
+  assert not os.path.exists(str(tmp_path / "bad"))
+  vocab.write_text("".join("'w%d_'\n" % i for i in range(200)))
+  checkpoints.main(["--from", prefix, "--to", str(tmp_path / "out"), "--hparams_json", "use",
+                    "--vocab", str(vocab)])
+  out = capsys.readouterr().out
+  trainable = sum(int(np.prod(s)) for n, s in reference_variables()
+                  if not n.endswith(("means", "ema_count", "ema_means")))
+  kmeans = sum(int(np.prod(s)) for n, s in reference_variables()
+               if n.endswith(("means", "ema_count", "ema_means")))
+  assert "parameters: %d (%.1fM) trainable, %d in k-means" % (trainable, trainable / 1e6,
+                                                              kmeans) in out
+  assert "vocabulary: %d embedding rows, %d output columns; --vocab file: 200 subwords" % (
+      VOCAB, VOCAB) in out
+  assert "--hparams=legacy_causal_key_routing=True" in out.strip().splitlines()[-1]
+  assert tf.train.latest_checkpoint(str(tmp_path / "out"))

@@ -42,13 +42,15 @@ def test_local_step_equals_local_attention_at_every_position(rng, causal):
   np.testing.assert_allclose(tf.concat(steps, 2).numpy(), full.numpy(), atol=1e-5)
 
 
-@pytest.mark.parametrize("share_qk", [True, False])
-def test_routing_step_equals_the_prefix_rule_at_every_position(rng, share_qk):
+@pytest.mark.parametrize("share_qk,extensions", [
+    (True, {}), (False, {}), (True, dict(exclude_self=True, logit_scale=[0.3, 2.0]))])
+def test_routing_step_equals_the_prefix_rule_at_every_position(rng, share_qk, extensions):
   q, k, v = qkv(rng)
   rel_k, rel_v = tables(rng)
   mu = tf.constant(rng.standard_normal((2, 4, 8)), tf.float32)
   reference = incremental.prefix_routing_attention(q, k, v, mu, 8, share_qk=share_qk,
-                                                   relative_keys=rel_k, relative_values=rel_v)
+                                                   relative_keys=rel_k, relative_values=rel_v,
+                                                   **extensions)
   q_hat = common.layer_norm_no_scale(q)
   k_hat = q_hat if share_qk else common.layer_norm_no_scale(k)
   scores = routing.centroid_scores(q_hat, mu)
@@ -59,7 +61,8 @@ def test_routing_step_equals_the_prefix_rule_at_every_position(rng, share_qk):
     noisy_k = tf.where(future, 100.0, k_hat)
     noisy_scores = tf.where(tf.range(32) > t, 1e3, scores)
     steps.append(incremental.routing_attention_step(q_hat[:, :, t:t + 1], noisy_k, v,
-                                                    noisy_scores, tf.constant(t), 8, rel_k, rel_v))
+                                                    noisy_scores, tf.constant(t), 8, rel_k, rel_v,
+                                                    **extensions))
   np.testing.assert_allclose(tf.concat(steps, 2).numpy(), reference.numpy(), atol=1e-5)
 
 
@@ -91,13 +94,15 @@ def prefix_rule_patch(monkeypatch):
   real = layers.attention.routing_attention
 
   def patched(q, k, v, centroids, window, causal=True, share_qk=True, padding=None,
-              relative_keys=None, relative_values=None, random_routing=False):
+              relative_keys=None, relative_values=None, random_routing=False,
+              legacy_causal_key_routing=False, **extensions):
+    assert not legacy_causal_key_routing  # the cached decoder refuses it (fast_decode=False)
     _, aux = real(q, k, v, centroids, window, causal=causal, share_qk=share_qk, padding=padding,
                   relative_keys=relative_keys, relative_values=relative_values,
-                  random_routing=random_routing)
+                  random_routing=random_routing, **extensions)
     out = incremental.prefix_routing_attention(q, k, v, centroids, window, share_qk=share_qk,
                                                relative_keys=relative_keys,
-                                               relative_values=relative_values)
+                                               relative_values=relative_values, **extensions)
     return out, aux
 
   monkeypatch.setattr(layers.attention, "routing_attention", patched)
@@ -125,6 +130,8 @@ ARCHITECTURES = {
     "routing": {},
     "routing_no_share_qk": dict(share_qk=False),
     "routing_no_relative": dict(max_relative_position=0),
+    "routing_exclude_self_learned_scale": dict(routing_exclude_self=True,
+                                               routing_logit_scale="learned"),
 }
 
 

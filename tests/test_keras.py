@@ -1,11 +1,11 @@
 """Keras API: the layer equals the T2T functional path with the same weights; EMA only in training;
 XLA; save/load keeps the centroids."""
-import types
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
+from conftest import HParamsStandIn
 from routing_transformer import keras as rt_keras
 
 tf1 = tf.compat.v1
@@ -21,13 +21,14 @@ def small_layer(**overrides):
 
 def hparams_of(layer):
   """The T2T hparams (attributes read by layers.self_attention) of a Keras layer's config."""
-  return types.SimpleNamespace(
+  return HParamsStandIn(
       hidden_size=layer.hidden_size, local_num_heads=layer.local_heads,
       sparsity_cluster_num_heads=layer.routing_heads, sparsity_skip_first=0,
       sparsity_cluster_size=layer.num_clusters,
       sparsity_cluster_attention_window=layer.window, query_shape=(layer.block_length,),
       memory_flange=(layer.flange,), share_qk=layer.share_qk, routing_mode=layer.routing_mode,
-      random_routing=False, max_relative_position=layer.max_relative_position,
+      random_routing=False, legacy_causal_key_routing=False,
+      max_relative_position=layer.max_relative_position,
       local_relative=layer.local_relative, sparsity_cluster_relative=layer.routing_relative,
       head_dense=layer.head_dense, attention_dropout=0.0, decay=layer.decay, beta=layer.beta,
       ema=True)

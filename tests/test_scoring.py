@@ -174,3 +174,39 @@ def test_cli_prints_json_and_one_line_errors(vocab_file, tmp_path, capsys):
       score.main(argv)
     assert str(exit_info.value).startswith("error: ") and message in str(exit_info.value)
     assert "\n" not in str(exit_info.value)
+
+
+def test_scorer_takes_hparams_sets_from_a_user_dir(vocab_file, tmp_path):
+  """--t2t_usr_dir: a user's set (here routing_transformer_test under another name) scores."""
+  user = tmp_path / "usr"
+  user.mkdir()
+  (user / "__init__.py").write_text(
+      "from tensor2tensor.utils import registry\nfrom hparams import sets\n\n\n"
+      "@registry.register_hparams\ndef scoring_user_set():\n"
+      "  return sets.routing_transformer_test()\n")
+  encoder = text_encoder.SubwordTextEncoder(vocab_file)
+  write_model(str(tmp_path / "ckpt"), encoder.vocab_size)
+  text = "the cat sat on a mat"
+  want = score.Scorer(str(tmp_path / "ckpt"), SET, vocab_file).score([text])[0]
+  got = score.Scorer(str(tmp_path / "ckpt"), "scoring_user_set", vocab_file,
+                     t2t_usr_dir=str(user)).score([text])[0]
+  np.testing.assert_allclose(got, want, rtol=1e-6)
+  with pytest.raises(score.ScorerError, match="is not a directory"):
+    score.Scorer(str(tmp_path / "ckpt"), SET, vocab_file, t2t_usr_dir=str(tmp_path / "nope"))
+
+
+def test_scorer_checks_or_uses_the_hparams_json_beside_the_checkpoint(vocab_file, tmp_path):
+  encoder = text_encoder.SubwordTextEncoder(vocab_file)
+  write_model(str(tmp_path), encoder.vocab_size)
+  stored = sets.routing_transformer_test().values()
+  want = score.Scorer(str(tmp_path), SET, vocab_file).score(["the cat sat"])[0]
+  with open(str(tmp_path / "hparams.json"), "w") as f:
+    json.dump(dict(stored, filter_size=stored["filter_size"] + 8), f)
+  with pytest.raises(score.ScorerError, match=r"in 1 hparam\(s\): filter_size \(hparams.json "
+                     r"%d, --hparams_set=%s %d\)" % (stored["filter_size"] + 8, SET,
+                                                     stored["filter_size"])):
+    score.Scorer(str(tmp_path), SET, vocab_file)
+  with open(str(tmp_path / "hparams.json"), "w") as f:
+    json.dump(stored, f)
+  got = score.Scorer(str(tmp_path), None, vocab_file, hparams_json="use").score(["the cat sat"])
+  np.testing.assert_allclose(got[0], want, rtol=1e-6)  # built from the base set + hparams.json

@@ -18,12 +18,14 @@ def data_dir(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def trained(data_dir, tmp_path_factory):
-  """One tiny routing model trained, evaluated and checkpointed by stock t2t-trainer."""
+  """One tiny routing model trained, evaluated and checkpointed by stock t2t-trainer (TensorFlow's
+  C++ warnings shown, so the log shows whether placement warnings come back)."""
   out = str(tmp_path_factory.mktemp("train"))
   run = t2t("t2t-trainer", "--problem=synthetic_long_range", "--model=routing_transformer",
             "--hparams_set=routing_transformer_tiny", "--data_dir=" + data_dir,
             "--output_dir=" + out, "--train_steps=10", "--eval_steps=1",
-            "--local_eval_frequency=10", "--schedule=continuous_train_and_eval")
+            "--local_eval_frequency=10", "--schedule=continuous_train_and_eval",
+            env={"TF_CPP_MIN_LOG_LEVEL": "1"})
   assert run.returncode == 0, run.stderr[-4000:]
   return out, run.stderr
 
@@ -41,6 +43,14 @@ def test_trainer_trains_evaluates_and_checkpoints(trained):
   assert glob.glob(os.path.join(out, "model.ckpt-10.index"))
   assert "far_accuracy" in log and "near_accuracy" in log
   assert glob.glob(os.path.join(out, "eval*", "events.out.tfevents.*"))
+
+
+def test_cpu_only_run_has_no_colocation_dump(trained):
+  """Without a GPU the model is placed on the CPU: no soft-placement colocation warnings (T2T's
+  default gpu:0 placement made TensorFlow print thousands of such lines per run)."""
+  _, log = trained
+  assert "Colocation Debug Info" not in log and "Failed to place the graph" not in log
+  assert "Train." in log or "loss = " in log  # the log is the run's own (C++ warnings on)
 
 
 def test_checkpoint_holds_centroids_that_moved(trained):
@@ -90,6 +100,8 @@ def test_distributed_paths_train(data_dir, tmp_path, flags):
             "--output_dir=" + out, "--train_steps=3", *flags)
   assert run.returncode == 0, run.stderr[-4000:]
   assert glob.glob(os.path.join(out, "model.ckpt-3.index")), os.listdir(out)
+  if "--worker_gpu=2" in flags:  # two shards, placed on the CPU (no GPU here)
+    assert "No GPU visible: the 2 data shard(s) ['gpu:0', 'gpu:1']" in run.stderr
   if "--use_tpu_estimator" in flags:  # summaries came through TPUEstimator's host_call
     tags = _summary_tags(out)
     assert any("occupancy_entropy" in t for t in tags), sorted(tags)[:20]
@@ -192,6 +204,23 @@ def test_unknown_names_fail_with_one_line(data_dir, tmp_path, args, message):
             "--output_dir=" + str(tmp_path), "--train_steps=1", *args, timeout=120)
   assert run.returncode != 0
   assert message in run.stderr.strip().splitlines()[-1] and "Traceback" not in run.stderr
+
+
+@pytest.mark.parametrize("problem,message", [
+    ("synthetic_long_rnage", "unknown problem 'synthetic_long_rnage'. This project's: "),
+    ("", "t2t-datagen needs --problem=NAME"),
+], ids=["misspelt", "missing"])
+def test_datagen_unknown_problem_fails_with_one_line(tmp_path, problem, message):
+  """t2t-datagen names the bad problem in one line instead of listing every T2T problem."""
+  data = tmp_path / "data"
+  run = t2t("t2t-datagen", "--problem=" + problem, "--data_dir=%s" % data,
+            "--tmp_dir=%s" % (tmp_path / "tmp"), timeout=120)
+  assert run.returncode != 0
+  last = run.stderr.strip().splitlines()[-1]
+  assert last.startswith("error: " + message), last
+  assert "synthetic_long_range" in last or not problem
+  assert "Traceback" not in run.stderr and "TIMIT" not in run.stderr
+  assert not data.exists()
 
 
 def test_checkpoint_of_other_hparams_fails_listing_the_variables(trained, data_dir, tmp_path):

@@ -42,7 +42,8 @@ def look_back_blocks(x, window, fill=0):
 
 
 def causal_window_attention(q, k, v, centroids, window, share_qk=True, padding=None,
-                            relative_keys=None, relative_values=None):
+                            relative_keys=None, relative_values=None, exclude_self=False,
+                            logit_scale=None):
   """Strictly causal routing attention.
 
   Args:
@@ -54,6 +55,7 @@ def causal_window_attention(q, k, v, centroids, window, share_qk=True, padding=N
       commitment loss and the k-means statistics).
     relative_keys, relative_values: optional [2R + 1, d] tables, indexed by the distance in the
       cluster's order (0 for the query itself, -1 for the previous member, ...).
+    exclude_self, logit_scale: extensions, as in `routing_attention`.
   Returns:
     (output [b, h, n, d], aux) with aux keys as `routing_attention` ("query_clusters",
     "commitment_loss", "q_hat", "k_hat", "weights"; "key_clusters" without share_qk).
@@ -112,6 +114,9 @@ def causal_window_attention(q, k, v, centroids, window, share_qk=True, padding=N
     rel_k = common.relative_embeddings(relative_keys, tf.range(window) + window,
                                        tf.range(2 * window))  # [w, 2w, d]
     logits += tf.einsum("bhnqd,qkd->bhnqk", q_b, tf.cast(rel_k, logits.dtype))
+  logits = common.scale_logits(logits, logit_scale)
+  if exclude_self:  # the query's own slot is at sorted distance 0
+    allowed = common.exclude_self(allowed, tf.equal(distance, 0))
   probs = common.masked_softmax(logits, allowed)
   out = tf.einsum("bhnqk,bhnkd->bhnqd", probs, v_s)
   if relative_values is not None:

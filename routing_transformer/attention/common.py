@@ -39,6 +39,33 @@ def masked_softmax(logits, allowed):
   return tf.nn.softmax(tf.where(allowed, logits, mask_value(logits.dtype)))
 
 
+def exclude_self(allowed, is_self):
+  """`allowed` without each query's own position where the row allows another key.
+
+  Shared-QK attention (Reformer's LSH attention does the same): a normalised query's logit with
+  itself is the largest possible, so a routing head would mostly attend to its own position; a
+  query attends to itself only when nothing else is allowed.
+
+  Args:
+    allowed: bool [..., q, m].
+    is_self: bool broadcastable to allowed, True where key m is query q's own position.
+  Returns:
+    bool [..., q, m].
+  """
+  others = tf.logical_and(allowed, tf.logical_not(is_self))
+  return tf.where(tf.reduce_any(others, axis=-1, keepdims=True), others, allowed)
+
+
+def scale_logits(logits, scale):
+  """logits [b, h, ...] times `scale`: None (unchanged), a float, or a per-head tensor [h]."""
+  if scale is None:
+    return logits
+  scale = tf.cast(scale, logits.dtype)
+  if scale.shape.rank == 1:
+    scale = tf.reshape(scale, [1, -1] + [1] * (logits.shape.rank - 2))
+  return logits * scale
+
+
 def zero_empty_rows(out, allowed):
   """Sets out[..., i, :] to 0 where row i of `allowed` ([..., q, m]) has no allowed key."""
   return out * tf.cast(tf.reduce_any(allowed, axis=-1, keepdims=True), out.dtype)

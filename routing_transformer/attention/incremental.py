@@ -85,7 +85,8 @@ def local_attention_step(q, k_cache, v_cache, position, block_length, flange, ca
 
 
 def routing_attention_step(q_hat, k_hat_cache, v_cache, score_cache, position, window,
-                           relative_keys=None, relative_values=None):
+                           relative_keys=None, relative_values=None, exclude_self=False,
+                           logit_scale=None):
   """Causal routing attention of the query at `position` under the decode-time rule.
 
   Args:
@@ -96,6 +97,7 @@ def routing_attention_step(q_hat, k_hat_cache, v_cache, score_cache, position, w
     position: int32 scalar t.
     window: w members per cluster (w <= N).
     relative_keys, relative_values: optional [2R + 1, d] tables (rank distance in the cluster).
+    exclude_self, logit_scale: extensions, as in `routing.routing_attention`.
   Returns:
     [b, h, 1, d].
   """
@@ -113,7 +115,10 @@ def routing_attention_step(q_hat, k_hat_cache, v_cache, score_cache, position, w
   if relative_keys is not None:
     rel_k = _rank_embeddings(relative_keys, distance)  # [b, h, c, w, d]
     logits += tf.reduce_sum(q * tf.cast(rel_k, q.dtype), axis=-1)
+  logits = common.scale_logits(logits, logit_scale)
   allowed = members <= position
+  if exclude_self:
+    allowed = common.exclude_self(allowed, tf.equal(members, position))
   probs = common.masked_softmax(logits, allowed)
   out = tf.matmul(probs[:, :, :, tf.newaxis, :], v)[:, :, :, 0, :]  # [b, h, c, d]
   if relative_values is not None:
@@ -132,7 +137,7 @@ def _rank_embeddings(table, distance):
 
 
 def prefix_routing_attention(q, k, v, centroids, window, share_qk=True, relative_keys=None,
-                             relative_values=None):
+                             relative_values=None, exclude_self=False, logit_scale=None):
   """Causal routing attention where query i is routed over the prefix 0..i only.
 
   The full-sequence form of the decode-time rule (reference for the cached decoder). Costs n
@@ -144,6 +149,7 @@ def prefix_routing_attention(q, k, v, centroids, window, share_qk=True, relative
     window: w.
     share_qk: keys are the queries.
     relative_keys, relative_values: optional [2R + 1, d] tables.
+    exclude_self, logit_scale: extensions, as in `routing.routing_attention`.
   Returns:
     [b, h, n, d].
   """
@@ -155,7 +161,8 @@ def prefix_routing_attention(q, k, v, centroids, window, share_qk=True, relative
   padding = tf.reshape(tf.tile(padding[:, tf.newaxis], [1, batch, 1]), [n * batch, n])
   out, _ = routing.routing_attention(tile(q), tile(k), tile(v), centroids, window, causal=True,
                                      share_qk=share_qk, padding=padding, relative_keys=relative_keys,
-                                     relative_values=relative_values)
+                                     relative_values=relative_values, exclude_self=exclude_self,
+                                     logit_scale=logit_scale)
   out = tf.reshape(out, [n, batch, heads, n, depth])  # [prefix i, b, h, position, d]
   diagonal = tf.gather(tf.transpose(out, [0, 3, 1, 2, 4]), prefix[:, tf.newaxis], batch_dims=1)
   return tf.transpose(diagonal[:, 0], [1, 2, 0, 3])  # out[i, position i] -> [b, h, n, d]
@@ -211,7 +218,7 @@ def causal_window_cache(batch, heads, num_clusters, window, depth, dtype=tf.floa
 
 
 def causal_window_step(q_hat, k_hat, v, centroids, cache, relative_keys=None,
-                       relative_values=None):
+                       relative_values=None, exclude_self=False, logit_scale=None):
   """Strictly causal routing of one new position (exactly `causal_window_attention`'s output).
 
   Args:
@@ -220,6 +227,7 @@ def causal_window_step(q_hat, k_hat, v, centroids, cache, relative_keys=None,
     centroids: [h, c, d].
     cache: dict from `causal_window_cache` (or a previous step).
     relative_keys, relative_values: optional [2R + 1, d] tables (distance in cluster order).
+    exclude_self, logit_scale: extensions, as in `routing.routing_attention`.
   Returns:
     (output [b, h, 1, d], updated cache). Cost O(c d + w d), independent of the prefix.
   """
@@ -249,7 +257,10 @@ def causal_window_step(q_hat, k_hat, v, centroids, cache, relative_keys=None,
   if relative_keys is not None:
     rel_k = _rank_embeddings(relative_keys, distance)  # [b, h, 1, w, d]
     logits += tf.reduce_sum(q_hat[:, :, :, tf.newaxis, :] * tf.cast(rel_k, q_hat.dtype), -1)
+  logits = common.scale_logits(logits, logit_scale)
   allowed = (ordinals >= 0)[:, :, tf.newaxis, :]
+  if exclude_self:  # the slot just written holds the new position
+    allowed = common.exclude_self(allowed, tf.equal(distance, 0))
   probs = common.masked_softmax(logits, allowed)
   out = tf.matmul(probs, values)
   if relative_values is not None:

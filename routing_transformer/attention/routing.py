@@ -136,7 +136,8 @@ def check_routing(length, depth, centroids, window, name):
 
 
 def routing_attention(q, k, v, centroids, window, causal=True, share_qk=True, padding=None,
-                      relative_keys=None, relative_values=None, random_routing=False):
+                      relative_keys=None, relative_values=None, random_routing=False,
+                      exclude_self=False, logit_scale=None, legacy_causal_key_routing=False):
   """Content-based sparse attention inside balanced clusters (SPEC section 2).
 
   Args:
@@ -152,6 +153,14 @@ def routing_attention(q, k, v, centroids, window, causal=True, share_qk=True, pa
       inside the sorted cluster.
     random_routing: the Random Transformer baseline (paper Table 1): cluster members are drawn
       uniformly at random instead of by centroid scores (the k-means outputs are still computed).
+    exclude_self: extension (off in the paper): a query does not attend to its own position
+      when its cluster allows it another key (`common.exclude_self`).
+    logit_scale: extension: None (the paper's unscaled q_hat . k_hat logits), a float or a
+      per-head [h] tensor multiplying the logits (relative logits included).
+    legacy_causal_key_routing: the original release's rule for causal mode with share_qk=False:
+      keys/values of cluster c are the top-w positions of the keys' own scores (not the query
+      members), and the mask allows key rank <= query rank inside the cluster (ranks in two
+      different position lists). Only for its checkpoints; no effect with share_qk or non-causal.
   Returns:
     (output [b, h, n, d], aux) where aux holds
       "query_clusters": int32 [b, h, n] argmax centroid of each q_hat,
@@ -186,7 +195,7 @@ def routing_attention(q, k, v, centroids, window, causal=True, share_qk=True, pa
     key_scores = centroid_scores(k_hat, mu)
     aux["key_clusters"] = assignments(key_scores)
     loss = 0.5 * (loss + commitment_loss(k_hat, mu, aux["key_clusters"], weights))
-    if not causal:
+    if not causal or legacy_causal_key_routing:
       key_indices = top_window(
           tf.random.uniform(tf.shape(key_scores)) if random_routing else key_scores, window, pad)
   aux["key_indices"] = key_indices
@@ -200,13 +209,19 @@ def routing_attention(q, k, v, centroids, window, causal=True, share_qk=True, pa
   if relative_keys is not None:
     rel_k = common.relative_embeddings(relative_keys, ranks, ranks)
     logits += tf.einsum("bhcqd,qkd->bhcqk", q_c, tf.cast(rel_k, logits.dtype))
+  logits = common.scale_logits(logits, logit_scale)
   allowed = tf.ones([1, 1, 1, 1, window], tf.bool)
-  if causal:  # members are sorted, so key position <= query position is the lower triangle
+  # Members are sorted, so key position <= query position is the lower triangle (with legacy
+  # key routing the same rank triangle, over two different member lists).
+  if causal:
     allowed = (ranks[:, tf.newaxis] >= ranks[tf.newaxis, :])[tf.newaxis, tf.newaxis, tf.newaxis]
   if pad is not None:
     key_pad = tf.gather(pad, tf.reshape(key_indices, [tf.shape(pad)[0], -1]), batch_dims=1)
     key_pad = tf.reshape(key_pad, tf.shape(key_indices))[:, :, :, tf.newaxis, :]
     allowed = tf.logical_and(allowed, tf.logical_not(key_pad))
+  if exclude_self:
+    allowed = common.exclude_self(tf.broadcast_to(allowed, tf.shape(logits)), tf.equal(
+        query_indices[..., :, tf.newaxis], key_indices[..., tf.newaxis, :]))
   probs = common.masked_softmax(logits, allowed)
   out_c = tf.matmul(probs, v_c)
   if relative_values is not None:

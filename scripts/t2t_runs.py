@@ -1,0 +1,97 @@
+"""Running the stock T2T binaries from the demos and quality benchmarks, and reading their runs.
+
+    t2t(binary, args, logfile)       stock binary with --t2t_usr_dir, output to a log file
+    train(...)                       t2t-trainer for `steps`, evaluations every `eval_every`
+    eval_history(run_dir)            every evaluation's scalars, by step
+    eval_metrics(run_dir)            the last evaluation's scalars
+    train_speed(run_dir)             median global_step/sec
+"""
+import glob
+import os
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:
+  sys.path.insert(0, ROOT)  # the project's packages (imported where needed: TF loads slowly)
+BIN = os.path.dirname(sys.executable)
+USR_DIR = os.path.join(ROOT, "t2t_usr_dir")
+# Optional command prefix for every run, e.g. T2T_RUNS_PREFIX="nice -n 10" on a shared machine.
+PREFIX = os.environ.get("T2T_RUNS_PREFIX", "").split()
+
+
+def log(msg, name="demo"):
+  print("[%s %s] %s" % (name, time.strftime("%H:%M:%S"), msg), flush=True)
+
+
+def t2t(binary, args, logfile):
+  """Runs `binary` (t2t-trainer, t2t-datagen, t2t-decoder) with our usr dir; exits with the
+  log's last lines when it fails."""
+  cmd = PREFIX + [os.path.join(BIN, binary), "--t2t_usr_dir=" + USR_DIR] + list(args)
+  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+  with open(logfile, "w") as f:
+    code = subprocess.call(cmd, stdout=f, stderr=subprocess.STDOUT, cwd=ROOT, env=env)
+  if code:
+    with open(logfile) as f:
+      tail = f.read()[-3000:]
+    sys.exit("%s failed (exit %d); last lines of %s:\n%s" % (binary, code, logfile, tail))
+
+
+def python_module(module, args, logfile):
+  """Runs `python -m module args` (e.g. routing_transformer.evaluate) into a log file."""
+  cmd = PREFIX + [sys.executable, "-m", module] + list(args)
+  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+  with open(logfile, "w") as f:
+    code = subprocess.call(cmd, stdout=f, stderr=subprocess.STDOUT, cwd=ROOT, env=env)
+  if code:
+    with open(logfile) as f:
+      tail = f.read()[-3000:]
+    sys.exit("%s failed (exit %d); last lines of %s:\n%s" % (module, code, logfile, tail))
+
+
+def train(run_dir, problem, hparams_set, data_dir, steps, eval_steps, hparams="", eval_every=None,
+          seed=None):
+  """Stock t2t-trainer: `steps` steps with an evaluation of `eval_steps` batches every
+  `eval_every` steps (default: once, at the end); returns the wall seconds. The log is
+  `<run_dir>.log`."""
+  started = time.time()
+  args = ["--problem=" + problem, "--model=routing_transformer", "--hparams_set=" + hparams_set,
+          "--data_dir=" + data_dir, "--output_dir=" + run_dir, "--train_steps=%d" % steps,
+          "--eval_steps=%d" % eval_steps, "--local_eval_frequency=%d" % (eval_every or steps),
+          "--schedule=continuous_train_and_eval"]
+  if hparams:
+    args.append("--hparams=" + hparams)
+  if seed is not None:
+    args.append("--random_seed=%d" % seed)
+  t2t("t2t-trainer", args, run_dir + ".log")
+  return time.time() - started
+
+
+def eval_history(run_dir):
+  """{step: {short tag: value}} of every evaluation of a run (tags without their
+  "metrics-<problem>/targets/" prefix)."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  history = {}
+  for path in glob.glob(os.path.join(run_dir, "eval*", "events.out.tfevents.*")):
+    for event in tf.compat.v1.train.summary_iterator(path):
+      for v in event.summary.value:
+        history.setdefault(int(event.step), {})[v.tag.split("/")[-1]] = v.simple_value
+  return dict(sorted(history.items()))
+
+
+def eval_metrics(run_dir):
+  """The last evaluation's scalars (short tag names, plus "step")."""
+  history = eval_history(run_dir)
+  if not history:
+    return {"step": -1}
+  step = max(history)
+  return dict(history[step], step=step)
+
+
+def train_speed(run_dir):
+  """Median global_step/sec over training, from the run's train event file."""
+  from routing_transformer import curves  # pylint: disable=g-import-not-at-top
+  paths = glob.glob(os.path.join(run_dir, "events.out.tfevents.*"))
+  speeds = sorted(value for _, _, value in curves.read_scalars(paths, "global_step/sec"))
+  return speeds[len(speeds) // 2] if speeds else float("nan")

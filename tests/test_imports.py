@@ -1,0 +1,71 @@
+"""The library's modules import each other without cycles (also counting imports inside
+functions), so every module can be imported, and reasoned about, on its own."""
+import ast
+import os
+
+ROOT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                    "routing_transformer")
+
+
+def module_name(path):
+  rel = os.path.relpath(path, os.path.dirname(ROOT))[:-len(".py")].replace(os.sep, ".")
+  return rel[:-len(".__init__")] if rel.endswith(".__init__") else rel
+
+
+def imported_modules(path, known):
+  """The project modules a file imports anywhere (module level or inside functions)."""
+  found = set()
+  for node in ast.walk(ast.parse(open(path).read())):
+    if isinstance(node, ast.Import):
+      names = [alias.name for alias in node.names]
+    elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+      names = [node.module] + ["%s.%s" % (node.module, alias.name) for alias in node.names]
+    else:
+      continue
+    found.update(n for n in names if n in known)
+  return found
+
+
+def import_graph():
+  paths = [os.path.join(d, f) for d, _, files in os.walk(ROOT) for f in files
+           if f.endswith(".py")]
+  known = {module_name(p) for p in paths}
+  return {module_name(p): imported_modules(p, known) - {module_name(p)} for p in paths}
+
+
+def find_cycle(graph):
+  """One import cycle as a list of modules [a, b, ..., a], or None."""
+  state = {}
+
+  def visit(node, stack):
+    state[node] = "open"
+    for nxt in sorted(graph.get(node, ())):
+      if state.get(nxt) == "open":
+        return stack[stack.index(nxt):] + [nxt]
+      if nxt not in state:
+        cycle = visit(nxt, stack + [nxt])
+        if cycle:
+          return cycle
+    state[node] = "done"
+    return None
+
+  for start in sorted(graph):
+    if start not in state:
+      cycle = visit(start, [start])
+      if cycle:
+        return cycle
+  return None
+
+
+def test_find_cycle_reports_a_cycle():
+  assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+  assert find_cycle({"a": {"b"}, "b": set()}) is None
+
+
+def test_no_import_cycles():
+  graph = import_graph()
+  assert "routing_transformer.model" in graph and "routing_transformer.checkpoints" in graph
+  assert "routing_transformer.model" in graph["routing_transformer.checkpoints"]
+  # A package imports its submodules (attention/__init__); that is not a cycle.
+  graph = {m: {d for d in deps if not m.startswith(d + ".")} for m, deps in graph.items()}
+  assert find_cycle(graph) is None, " -> ".join(find_cycle(graph))
