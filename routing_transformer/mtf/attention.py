@@ -17,6 +17,24 @@ MASK = -1e9  # additive logit of a masked entry (exp underflows to exactly 0 in 
 LN_EPSILON = 1e-6
 
 
+def get_variable(mesh, name, shape, **kwargs):
+  """`mtf.get_variable`, read once per slice and step: use this, never the raw variable.
+
+  Mesh-TF lowers a float32 variable to the tf variable of each slice itself (`tf.cast` to the
+  same dtype returns the variable), so every TF op that uses it does its own read. The backward
+  einsum that computes dx = dy W (and the commitment loss's centroid lookup) is not an ancestor of
+  W's (or the centroids') update, so such a read could run before or after the update of the same
+  step, as the thread scheduling happened to go: gradients of the layers below were sometimes
+  computed with updated weights. Here each slice is read once, by a `tf.identity` that every
+  consumer shares: the forward pass reads it, every gradient and update depends on the forward
+  pass, so the read runs before them (tests/test_mtf_model.py checks that the lowered train step
+  reads no variable unordered with its update).
+  """
+  var = mtf.get_variable(mesh, name, shape, **kwargs)
+  return mtf.slicewise(tf.identity, [var], splittable_dims=var.shape.dims,
+                       grad_function=lambda op, dy: [dy], name="read")
+
+
 def layer_norm_no_scale(x, dim, epsilon=LN_EPSILON):
   """LayerNorm without scale and bias over `dim`: mean 0, variance 1 (SPEC 2, step 1)."""
   reduced = x.shape - dim

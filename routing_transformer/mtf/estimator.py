@@ -69,6 +69,18 @@ def make_optimizer(hparams, lr):
   return mtf.optimize.SgdOptimizer(lr)
 
 
+def train_step(lowering, update_ops, global_step):
+  """The lowered update ops, then global_step += 1.
+
+  The learning rate schedule and Adafactor's decay rate read global_step; incrementing it in
+  parallel with the updates would let them read this step's or the next step's value as the
+  threads happened to run.
+  """
+  updates = tf.group([lowering.lowered_operation(op) for op in update_ops])
+  with tf.control_dependencies([updates]):
+    return tf.group(tf.assign_add(global_step, 1))
+
+
 def saver_hooks(lowering, hparams, config):
   """Restore hook (masters -> slices) and a checkpoint hook that first copies slices -> masters."""
   with mtf.utils.outside_all_rewrites():
@@ -134,8 +146,7 @@ class RoutingTransformerMtf(t2t_model.T2TModel):
     restore_hook, saver_hook = saver_hooks(lowering, hparams, config)
 
     if train:
-      train_op = tf.group([lowering.lowered_operation(op) for op in update_ops] +
-                          [tf.assign_add(global_step, 1)])
+      train_op = train_step(lowering, update_ops, global_step)
       if not use_tpu:
         tf.summary.scalar("learning_rate", lr)
         tf.summary.scalar("losses/training", lowering.export_to_tf_tensor(xent))

@@ -48,11 +48,13 @@ class MtfKMeans(object):
       seed = zlib.crc32(tf.get_variable_scope().name.encode()) % (2 ** 31)
       init = stateless_means_initializer(seed)
       shape = mtf.Shape([heads_dim, clusters_dim, d_dim])
-      self.means = mtf.get_variable(mesh, "means", shape, initializer=init, trainable=not ema)
-      self.ema_count = mtf.get_variable(mesh, "ema_count", mtf.Shape([heads_dim, clusters_dim]),
-                                        initializer=tf.zeros_initializer(), trainable=False)
-      self.ema_means = mtf.get_variable(mesh, "ema_means", shape, initializer=init,
-                                        trainable=False)
+      self.means = attention.get_variable(mesh, "means", shape, initializer=init,
+                                          trainable=not ema)
+      self.ema_count = attention.get_variable(mesh, "ema_count",
+                                              mtf.Shape([heads_dim, clusters_dim]),
+                                              initializer=tf.zeros_initializer(), trainable=False)
+      self.ema_means = attention.get_variable(mesh, "ema_means", shape, initializer=init,
+                                              trainable=False)
 
   def update(self, x_hats, clusters, weights):
     """EMA update ops (TRAIN mode) from this step's assignments, queries and keys combined.

@@ -159,12 +159,12 @@ class MtfRoutingTransformer(object):
   # Small pieces.
 
   def weight(self, name, dims, fan_in, fan_out):
-    return mtf.get_variable(self.mesh, name, mtf.Shape(dims),
-                            initializer=initializer(self.hparams, fan_in, fan_out))
+    return attention.get_variable(self.mesh, name, mtf.Shape(dims),
+                                  initializer=initializer(self.hparams, fan_in, fan_out))
 
   def bias(self, name, dim):
-    return mtf.get_variable(self.mesh, name, mtf.Shape([dim]),
-                            initializer=tf.zeros_initializer())
+    return attention.get_variable(self.mesh, name, mtf.Shape([dim]),
+                                  initializer=tf.zeros_initializer())
 
   def dense(self, x, in_dim, out_dims, name, use_bias=False, fan_out=None):
     """x [..., in_dim] -> [..., out_dims] (variables name/kernel, name/bias).
@@ -187,8 +187,8 @@ class MtfRoutingTransformer(object):
     """T2T's layer norm over d_model (scale and bias variables, epsilon norm_epsilon)."""
     dim = self.dims["d_model"]
     with tf.variable_scope(name):
-      scale = mtf.get_variable(self.mesh, "layer_norm_scale", mtf.Shape([dim]),
-                               initializer=tf.ones_initializer())
+      scale = attention.get_variable(self.mesh, "layer_norm_scale", mtf.Shape([dim]),
+                                     initializer=tf.ones_initializer())
       bias = self.bias("layer_norm_bias", dim)
     return attention.layer_norm_no_scale(x, dim, self.hparams.norm_epsilon) * scale + bias
 
@@ -218,8 +218,8 @@ class MtfRoutingTransformer(object):
     tables = []
     for scope in ("relative_positions_keys", "relative_positions_values"):
       with tf.variable_scope(scope):
-        tables.append(mtf.get_variable(self.mesh, "embeddings", mtf.Shape([rel, d]),
-                                       initializer=init))
+        tables.append(attention.get_variable(self.mesh, "embeddings", mtf.Shape([rel, d]),
+                                             initializer=init))
     return tables[0], tables[1], rel
 
   def self_attention(self, x, layer_index, weights):
@@ -290,8 +290,9 @@ class MtfRoutingTransformer(object):
     """ids [b, n] -> [b, n, d_model]: embedding lookup (no scaling), dropout, dense (+timing)."""
     hparams, dims = self.hparams, self.dims
     with tf.variable_scope("embeddings"):
-      table = mtf.get_variable(self.mesh, "embedding", mtf.Shape([dims["vocab"], dims["embed"]]),
-                               initializer=tf.random_normal_initializer(0.0, 1.0))
+      table = attention.get_variable(self.mesh, "embedding",
+                                     mtf.Shape([dims["vocab"], dims["embed"]]),
+                                     initializer=tf.random_normal_initializer(0.0, 1.0))
     x = self.dropout(mtf.gather(table, ids, dims["vocab"]), hparams.dropout)
     x = self.dense(x, dims["embed"], dims["d_model"], "emb_dense", use_bias=True)
     if hparams.add_timing_signal:
