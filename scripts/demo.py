@@ -24,7 +24,7 @@ import time
 import warnings
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from t2t_runs import ROOT, eval_metrics, log, python_module, t2t, train, train_speed  # pylint: disable=g-import-not-at-top,wrong-import-position
+from t2t_runs import ROOT, eval_metrics, log, pictures, python_module, t2t, train, train_speed  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")  # this process: no TF start-up noise
 warnings.filterwarnings("ignore")
@@ -152,25 +152,9 @@ def main():
   print("\n" + summary)
   print("Prompt (last lines):\n..." + prompt[-200:] + "\n")
   print(samples + "\n")
-  pictures(args.output, data_dir)
+  pictures(args.output, PROBLEM, data_dir, [name for name, _ in MODELS],
+           "Where the heads of the routing model attend", num_sequences=2)
   log("done in %.0f s; outputs under %s" % (time.time() - started, args.output))
-
-
-def pictures(output, data_dir):
-  """Analysis of the routing run and training curves of both runs (PNGs under `output`)."""
-  from routing_transformer import analysis  # pylint: disable=g-import-not-at-top
-  from routing_transformer import curves  # pylint: disable=g-import-not-at-top
-  log("analysis of the routing run (attention pattern, head focus, occupancy, JS divergence)")
-  _, markdown, out_dir = analysis.analyse(os.path.join(output, "routing"),
-                                          os.path.join(output, "analysis"), problem=PROBLEM,
-                                          data_dir=data_dir, num_sequences=2)
-  curves.plot_runs([(name, os.path.join(output, name)) for name, _ in MODELS],
-                   os.path.join(output, "curves.png"))
-  with open(os.path.join(output, "summary.md"), "a") as f:
-    f.write("\nWhere the heads of the routing model attend:\n" + markdown)
-  print("Where the heads of the routing model attend:\n" + markdown)
-  log("pictures: %s/{attention_patterns,cluster_occupancy,head_js}.png, %s" % (
-      out_dir, os.path.join(output, "curves.png")))
 
 
 if __name__ == "__main__":

@@ -25,29 +25,47 @@ def log(msg, name="demo"):
   print("[%s %s] %s" % (name, time.strftime("%H:%M:%S"), msg), flush=True)
 
 
-def t2t(binary, args, logfile):
-  """Runs `binary` (t2t-trainer, t2t-datagen, t2t-decoder) with our usr dir; exits with the
-  log's last lines when it fails."""
-  cmd = PREFIX + [os.path.join(BIN, binary), "--t2t_usr_dir=" + USR_DIR] + list(args)
+def run_logged(cmd, logfile, what):
+  """Runs `cmd` from the repository root into `logfile`; exits with the log's last lines when
+  it fails."""
   env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
   with open(logfile, "w") as f:
     code = subprocess.call(cmd, stdout=f, stderr=subprocess.STDOUT, cwd=ROOT, env=env)
   if code:
     with open(logfile) as f:
       tail = f.read()[-3000:]
-    sys.exit("%s failed (exit %d); last lines of %s:\n%s" % (binary, code, logfile, tail))
+    sys.exit("%s failed (exit %d); last lines of %s:\n%s" % (what, code, logfile, tail))
+
+
+def t2t(binary, args, logfile):
+  """Runs `binary` (t2t-trainer, t2t-datagen, t2t-decoder) with our usr dir into a log file."""
+  run_logged(PREFIX + [os.path.join(BIN, binary), "--t2t_usr_dir=" + USR_DIR] + list(args),
+             logfile, binary)
 
 
 def python_module(module, args, logfile):
   """Runs `python -m module args` (e.g. routing_transformer.evaluate) into a log file."""
-  cmd = PREFIX + [sys.executable, "-m", module] + list(args)
-  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
-  with open(logfile, "w") as f:
-    code = subprocess.call(cmd, stdout=f, stderr=subprocess.STDOUT, cwd=ROOT, env=env)
-  if code:
-    with open(logfile) as f:
-      tail = f.read()[-3000:]
-    sys.exit("%s failed (exit %d); last lines of %s:\n%s" % (module, code, logfile, tail))
+  run_logged(PREFIX + [sys.executable, "-m", module] + list(args), logfile, module)
+
+
+def pictures(output, problem, data_dir, model_names, title, num_sequences=None):
+  """Analysis of `output`/routing (attention patterns, head focus, occupancy, JS divergence)
+  and training curves of `output`/<name> for every name (PNGs under `output`); appends the
+  analysis tables to `output`/summary.md under `title` and prints them."""
+  from routing_transformer import analysis  # pylint: disable=g-import-not-at-top
+  from routing_transformer import curves  # pylint: disable=g-import-not-at-top
+  log("analysis of the routing run (attention patterns, head focus, occupancy, JS divergence)")
+  kwargs = {} if num_sequences is None else {"num_sequences": num_sequences}
+  _, markdown, out_dir = analysis.analyse(os.path.join(output, "routing"),
+                                          os.path.join(output, "analysis"), problem=problem,
+                                          data_dir=data_dir, **kwargs)
+  curves.plot_runs([(name, os.path.join(output, name)) for name in model_names],
+                   os.path.join(output, "curves.png"))
+  with open(os.path.join(output, "summary.md"), "a") as f:
+    f.write("\n%s:\n%s" % (title, markdown))
+  print("%s:\n%s" % (title, markdown))
+  log("pictures: %s/{attention_patterns,cluster_occupancy,head_js}.png, %s" % (
+      out_dir, os.path.join(output, "curves.png")))
 
 
 def train(run_dir, problem, hparams_set, data_dir, steps, eval_steps, hparams="", eval_every=None,
