@@ -10,7 +10,7 @@ setup:
 test: setup
 	$(PY) -m pytest -q tests $(PYTEST_ARGS)
 
-# Real books (Project Gutenberg's Shakespeare as a miniature PG-19): routing vs local, ~15 min.
+# Real books (Project Gutenberg's Shakespeare as a miniature PG-19): routing vs local, <= 15 min.
 demo: setup
 	$(PY) scripts/demo.py $(DEMO_ARGS)
 

@@ -13,7 +13,7 @@
    <output>/summary.{md,json}; the routing run's attention picture and head focus
    (`routing_transformer.analysis`) and both runs' training curves (<output>/curves.png).
 
-    .venv/bin/python scripts/demo.py [--steps 1000] [--output demo_output]
+    .venv/bin/python scripts/demo.py [--steps 700] [--output demo_output]
 """
 import argparse
 import json
@@ -88,7 +88,7 @@ def table(results):
 
 def main():
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  parser.add_argument("--steps", type=int, default=800, help="training steps per model")
+  parser.add_argument("--steps", type=int, default=700, help="training steps per model")
   parser.add_argument("--eval_steps", type=int, default=30,
                       help="validation batches (2 examples each; 30 covers the 3 books)")
   parser.add_argument("--sample_length", type=int, default=160, help="subwords to sample")
