@@ -7,8 +7,11 @@ PYTEST_ARGS ?=
 setup:
 	@bash scripts/setup.sh
 
+# Two pytest-xdist workers (the machine has 2 cores); --dist loadscope runs each module whole on
+# one worker (its module fixtures once) in the order tests/conftest.py gives (long modules first).
+PYTEST_WORKERS ?= 2
 test: setup
-	$(PY) -m pytest -q tests $(PYTEST_ARGS)
+	$(PY) -m pytest -q tests -n $(PYTEST_WORKERS) --dist loadscope --no-loadscope-reorder $(PYTEST_ARGS)
 
 # Real books (Project Gutenberg's Shakespeare as a miniature PG-19): routing vs local, <= 15 min.
 demo: setup

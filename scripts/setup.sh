@@ -8,7 +8,7 @@ PYTHON=${PYTHON:-python3}
 stamp="$VENV/.routing_transformer_stamp"
 want=$(cat requirements.txt constraints.txt scripts/setup.sh | sha256sum | cut -d' ' -f1)
 
-if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && "$VENV/bin/python" -c "import routing_transformer, tensor2tensor, gym, mesh_tensorflow" 2>/dev/null; then
+if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && "$VENV/bin/python" -c "import routing_transformer, tensor2tensor, gym, mesh_tensorflow, xdist" 2>/dev/null; then
   echo "setup: $VENV is up to date"
   exit 0
 fi
@@ -27,5 +27,5 @@ PIP=("$VENV/bin/python" -m pip --disable-pip-version-check --no-input)
 for script in "$VENV"/bin/t2t-*; do
   sed -i 's/^import tensorflow as tf$/import tensorflow.compat.v1 as tf/' "$script"
 done
-"$VENV/bin/python" -c "import routing_transformer, tensorflow as tf, tensor2tensor, gym, mesh_tensorflow; print('setup: tensorflow', tf.__version__, 'ready')"
+"$VENV/bin/python" -c "import routing_transformer, tensorflow as tf, tensor2tensor, gym, mesh_tensorflow, xdist; print('setup: tensorflow', tf.__version__, 'ready')"
 echo "$want" > "$stamp"

@@ -1,5 +1,9 @@
-"""Test setup: repo root on sys.path, quiet TensorFlow, deterministic seeds."""
+"""Test setup: repo root on sys.path, quiet TensorFlow, deterministic seeds, and the runs that
+several modules share (made once per test run, also across pytest-xdist workers)."""
+import fcntl
+import json
 import os
+import shutil
 import subprocess
 import sys
 import types
@@ -19,6 +23,23 @@ def rng():
 
 BIN = os.path.dirname(sys.executable)
 
+# Modules that start with the expensive work, in this order: under `make test` (pytest-xdist,
+# --dist loadscope) each module runs whole on one worker and modules are handed out in collection
+# order, so the long ones start first. The shared trained run is made by the first of them;
+# test_t2t_decoder, which needs it too, comes after two modules that do not.
+FIRST = ("test_t2t_binaries.py", "test_t2t_distributed.py", "test_reliability.py",
+         "test_mtf_trainer.py", "test_t2t_decoder.py")
+
+
+def pytest_collection_modifyitems(items):
+  """Runs FIRST's modules first, then the other `slow` modules, then the rest (stable sort)."""
+  def rank(item):
+    name = os.path.basename(str(item.fspath))
+    if name in FIRST:
+      return FIRST.index(name)
+    return len(FIRST) + (0 if item.get_closest_marker("slow") else 1)
+  items.sort(key=rank)
+
 
 class HParamsStandIn(types.SimpleNamespace):
   """Plain attributes standing in for T2T HParams in layer tests, with HParams.get."""
@@ -36,12 +57,78 @@ def run_t2t(binary, *args, timeout=600, env=None):
                         timeout=timeout, cwd=ROOT, env=full_env)
 
 
-def synthetic_data(tmp_path_factory, name, num_train, num_eval):
+def write_synthetic_data(path, num_train, num_eval):
   """A small synthetic_long_range dataset written by the problem's own generate_data."""
   import t2t_usr_dir  # pylint: disable=g-import-not-at-top,unused-import
   from problems import synthetic  # pylint: disable=g-import-not-at-top
-  path = str(tmp_path_factory.mktemp(name))
   problem = synthetic.SyntheticLongRange()
   problem.num_train, problem.num_eval = num_train, num_eval
   problem.generate_data(path, path)
   return path
+
+
+def synthetic_data(tmp_path_factory, name, num_train, num_eval):
+  """write_synthetic_data into a new temporary directory of this module."""
+  return write_synthetic_data(str(tmp_path_factory.mktemp(name)), num_train, num_eval)
+
+
+def shared_dir(tmp_path_factory, name, build):
+  """(path, result): a directory made once per test run by `build(path)` and shared by every
+  module and every pytest-xdist worker; `result` is build's return value (JSON), the same for all.
+
+  The first caller builds under a file lock in the run's base temporary directory (with xdist, the
+  parent of the workers' own ones, as xdist documents); the others wait for it and reuse it. A
+  build that raises leaves nothing behind, so the next caller tries again and fails the same way.
+  Treat the directory as read-only: copy it before changing anything.
+  """
+  base = tmp_path_factory.getbasetemp()
+  if os.environ.get("PYTEST_XDIST_WORKER"):
+    base = base.parent
+  path = os.path.join(str(base), "shared_" + name)
+  result_file = path + ".json"
+  with open(path + ".lock", "w") as lock:
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    if not os.path.exists(result_file):
+      shutil.rmtree(path, ignore_errors=True)
+      os.makedirs(path)
+      try:
+        result = build(path)
+      except BaseException:
+        shutil.rmtree(path, ignore_errors=True)
+        raise
+      with open(result_file + ".tmp", "w") as f:
+        json.dump(result, f)
+      os.rename(result_file + ".tmp", result_file)
+  with open(result_file) as f:
+    return path, json.load(f)
+
+
+@pytest.fixture(scope="session")
+def synthetic_data_dir(tmp_path_factory):
+  """synthetic_long_range data (400 train, 40 eval sequences) for every module that trains or
+  decodes on it; read-only."""
+  path, _ = shared_dir(tmp_path_factory, "synthetic_data",
+                       lambda p: bool(write_synthetic_data(p, 400, 40)))
+  return path
+
+
+TRAINED_STEPS = 10
+
+
+@pytest.fixture(scope="session")
+def trained_run(synthetic_data_dir, tmp_path_factory):
+  """(output_dir, stderr) of one tiny routing model trained TRAINED_STEPS steps, evaluated and
+  checkpointed by stock t2t-trainer, for every module that needs a trained checkpoint (TensorFlow's
+  C++ warnings shown, so the log shows whether placement warnings come back). Read-only: copy
+  the directory before training on or writing into it."""
+  def train(out):
+    run = run_t2t("t2t-trainer", "--problem=synthetic_long_range", "--model=routing_transformer",
+                  "--hparams_set=routing_transformer_tiny", "--data_dir=" + synthetic_data_dir,
+                  "--output_dir=" + out, "--train_steps=%d" % TRAINED_STEPS, "--eval_steps=1",
+                  "--local_eval_frequency=%d" % TRAINED_STEPS,
+                  "--schedule=continuous_train_and_eval", env={"TF_CPP_MIN_LOG_LEVEL": "1"})
+    return {"returncode": run.returncode, "stderr": run.stderr}
+
+  out, run = shared_dir(tmp_path_factory, "trained_run", train)
+  assert run["returncode"] == 0, run["stderr"][-4000:]
+  return out, run["stderr"]

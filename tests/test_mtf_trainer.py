@@ -6,7 +6,6 @@ import numpy as np
 import pytest
 
 from conftest import run_t2t
-from conftest import synthetic_data
 
 pytestmark = pytest.mark.slow
 STEPS = 4
@@ -18,8 +17,8 @@ def t2t_trainer(*args, timeout=600):
 
 
 @pytest.fixture(scope="module")
-def data_dir(tmp_path_factory):
-  return synthetic_data(tmp_path_factory, "mtf_data", 64, 8)
+def data_dir(synthetic_data_dir):
+  return synthetic_data_dir
 
 
 @pytest.fixture(scope="module")

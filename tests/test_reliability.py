@@ -12,15 +12,14 @@ import tensorflow.compat.v1 as tf
 
 from conftest import BIN
 from conftest import ROOT
-from conftest import synthetic_data
 
 pytestmark = pytest.mark.slow
 DECAY = 0.999  # routing_transformer_tiny's EMA decay (hparams `decay`)
 
 
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory):
-  return synthetic_data(tmp_path_factory, "data", 200, 8)
+@pytest.fixture
+def data_dir(synthetic_data_dir):
+  return synthetic_data_dir
 
 
 def trainer_cmd(data_dir, out, steps):
@@ -47,7 +46,7 @@ def ema_count_totals(prefix):
 
 def test_sigkill_then_restart_resumes_from_the_last_checkpoint(data_dir, tmp_path):
   out = str(tmp_path / "run")
-  steps = 18
+  steps = 9  # checkpoints every 3 steps: the kill lands at 3 or 6
   env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
   with open(str(tmp_path / "first.log"), "w") as log:
     proc = subprocess.Popen(trainer_cmd(data_dir, out, steps), stdout=log, stderr=log, cwd=ROOT,

@@ -1,33 +1,28 @@
-"""End to end through the stock T2T binaries with --t2t_usr_dir=t2t_usr_dir (one shared run)."""
+"""End to end through the stock T2T binaries with --t2t_usr_dir=t2t_usr_dir: the shared trained
+run (conftest.trained_run), one-line errors of t2t-trainer and t2t-datagen.
+
+The distributed training paths are in test_t2t_distributed.py, t2t-decoder in test_t2t_decoder.py.
+"""
 import glob
 import os
 
 import pytest
 
+from conftest import TRAINED_STEPS
 from conftest import run_t2t
-from conftest import synthetic_data
 
 pytestmark = pytest.mark.slow
 t2t = run_t2t
 
 
-@pytest.fixture(scope="session")
-def data_dir(tmp_path_factory):
-  return synthetic_data(tmp_path_factory, "data", 400, 40)
+@pytest.fixture
+def data_dir(synthetic_data_dir):
+  return synthetic_data_dir
 
 
-@pytest.fixture(scope="session")
-def trained(data_dir, tmp_path_factory):
-  """One tiny routing model trained, evaluated and checkpointed by stock t2t-trainer (TensorFlow's
-  C++ warnings shown, so the log shows whether placement warnings come back)."""
-  out = str(tmp_path_factory.mktemp("train"))
-  run = t2t("t2t-trainer", "--problem=synthetic_long_range", "--model=routing_transformer",
-            "--hparams_set=routing_transformer_tiny", "--data_dir=" + data_dir,
-            "--output_dir=" + out, "--train_steps=10", "--eval_steps=1",
-            "--local_eval_frequency=10", "--schedule=continuous_train_and_eval",
-            env={"TF_CPP_MIN_LOG_LEVEL": "1"})
-  assert run.returncode == 0, run.stderr[-4000:]
-  return out, run.stderr
+@pytest.fixture
+def trained(trained_run):
+  return trained_run
 
 
 def test_registry_lists_everything():
@@ -40,7 +35,7 @@ def test_registry_lists_everything():
 
 def test_trainer_trains_evaluates_and_checkpoints(trained):
   out, log = trained
-  assert glob.glob(os.path.join(out, "model.ckpt-10.index"))
+  assert glob.glob(os.path.join(out, "model.ckpt-%d.index" % TRAINED_STEPS))
   assert "far_accuracy" in log and "near_accuracy" in log
   assert glob.glob(os.path.join(out, "eval*", "events.out.tfevents.*"))
 
@@ -57,7 +52,7 @@ def test_checkpoint_holds_centroids_that_moved(trained):
   import numpy as np  # pylint: disable=g-import-not-at-top
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   out, _ = trained
-  reader = tf.train.load_checkpoint(os.path.join(out, "model.ckpt-10"))
+  reader = tf.train.load_checkpoint(os.path.join(out, "model.ckpt-%d" % TRAINED_STEPS))
   names = [n for n in reader.get_variable_to_shape_map() if n.endswith("cluster_attention/means")]
   assert names, "no centroid variables in the checkpoint"
   counts = reader.get_tensor(names[0].replace("/means", "/ema_count"))
@@ -84,113 +79,6 @@ def test_bad_hparams_fail_fast_with_the_fix(data_dir, tmp_path, args, message):
   last = run.stderr.strip().splitlines()[-1]
   assert message in last and "Traceback" not in run.stderr
   assert not glob.glob(os.path.join(str(tmp_path), "model.ckpt*"))
-
-
-@pytest.mark.parametrize("flags", [
-    ["--use_tpu_estimator", "--iterations_per_loop=3", "--cloud_tpu_name=", "--schedule=train",
-     "--hparams=tpu_enable_host_call=True"],
-    ["--worker_gpu=2", "--schedule=train"],
-    ["--xla_compile", "--schedule=train"],
-], ids=["tpu_estimator", "worker_gpu2", "xla_compile"])
-def test_distributed_paths_train(data_dir, tmp_path, flags):
-  """TPUEstimator on the CPU, two data-parallel shards, and XLA: each trains and checkpoints."""
-  out = str(tmp_path)
-  run = t2t("t2t-trainer", "--problem=synthetic_long_range", "--model=routing_transformer",
-            "--hparams_set=routing_transformer_tiny", "--data_dir=" + data_dir,
-            "--output_dir=" + out, "--train_steps=3", *flags)
-  assert run.returncode == 0, run.stderr[-4000:]
-  assert glob.glob(os.path.join(out, "model.ckpt-3.index")), os.listdir(out)
-  if "--worker_gpu=2" in flags:  # two shards, placed on the CPU (no GPU here)
-    assert "No GPU visible: the 2 data shard(s) ['gpu:0', 'gpu:1']" in run.stderr
-  if "--use_tpu_estimator" in flags:  # summaries came through TPUEstimator's host_call
-    tags = _summary_tags(out)
-    assert any("occupancy_entropy" in t for t in tags), sorted(tags)[:20]
-    assert any("extra_loss" in t for t in tags), sorted(tags)[:20]
-
-
-def _summary_tags(run_dir):
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  tags = set()
-  for path in glob.glob(os.path.join(run_dir, "events.out.tfevents.*")):
-    for event in tf.compat.v1.train.summary_iterator(path):
-      tags.update(v.tag for v in event.summary.value)
-  return tags
-
-
-def decode(trained_dir, data_dir, prompts_file, out_file, decode_hparams, timeout=300):
-  return t2t("t2t-decoder", "--problem=synthetic_long_range", "--model=routing_transformer",
-             "--hparams_set=routing_transformer_tiny", "--data_dir=" + data_dir,
-             "--output_dir=" + trained_dir, "--decode_from_file=" + prompts_file,
-             "--decode_to_file=" + out_file, "--decode_hparams=" + decode_hparams,
-             timeout=timeout)
-
-
-@pytest.mark.parametrize("decode_hparams", [
-    "beam_size=1,extra_length=10,batch_size=3",
-    "beam_size=1,extra_length=10,batch_size=2,sampling_method=random,nucleus_sampling=0.8,"
-    "sampling_keep_top_k=5",
-    "beam_size=3,extra_length=6,batch_size=3",
-], ids=["greedy", "nucleus_top_k", "beam"])
-def test_decoder_continues_prompts_from_a_file(trained, data_dir, tmp_path, decode_hparams):
-  """Stock t2t-decoder on the tiny checkpoint: one `prompt<TAB>continuation` line per prompt."""
-  from problems import synthetic  # pylint: disable=g-import-not-at-top
-  prompts = ["v3 k5 v7 k1 f0 f1 f2", "", "k2 v9"]  # the empty line: an unconditional sample
-  prompts_file, out_file = str(tmp_path / "prompts.txt"), str(tmp_path / "decodes.txt")
-  with open(prompts_file, "w") as f:
-    f.write("\n".join(prompts) + "\n")
-  run = decode(trained[0], data_dir, prompts_file, out_file, decode_hparams)
-  assert run.returncode == 0, run.stderr[-4000:]
-  with open(out_file) as f:
-    lines = f.read().split("\n")
-  assert lines[-1] == "" and len(lines) == 4, lines
-  words = []
-  for prompt, line in zip(prompts, lines):
-    written_prompt, text = line.split("\t")
-    assert written_prompt == prompt
-    words += text.split()
-    assert len(text.split()) <= int(decode_hparams.split("extra_length=")[1].split(",")[0])
-  assert words, "no prompt got a continuation"
-  for word in words:  # every generated token decodes to a real synthetic token
-    assert word != "<pad>" and synthetic.token_id(word) >= 0
-
-
-@pytest.mark.parametrize("prompt_text,decode_hparams,message", [
-    ("", "beam_size=1", "has no prompts"),
-    (" ".join("f%d" % (i % 8) for i in range(513)), "beam_size=1",
-     "the prompt is 513 tokens, longer than the model's max_target_length=512"),
-    ("k1 v2", "beam_size=1,sampling_method=random,nucleus_sampling=1.5",
-     "nucleus top-p must be in (0, 1]"),
-    ("k1 v2", "beam_size=1,sampling_method=random,sampling_keep_top_k=-3", "top-k must be >= 0"),
-], ids=["empty_file", "too_long", "bad_p", "bad_k"])
-def test_decoder_rejects_bad_input_clearly(trained, data_dir, tmp_path, prompt_text,
-                                           decode_hparams, message):
-  prompts_file = str(tmp_path / "prompts.txt")
-  with open(prompts_file, "w") as f:
-    f.write(prompt_text)
-  run = decode(trained[0], data_dir, prompts_file, str(tmp_path / "out.txt"), decode_hparams,
-               timeout=120)
-  assert run.returncode != 0
-  assert message in run.stderr.strip().splitlines()[-1] and "Traceback" not in run.stderr
-
-
-def test_decoder_samples_unconditionally_without_a_prompt_file(trained, data_dir, tmp_path):
-  """Without --decode_from_file, t2t-decoder draws samples (batch taken from the dev data)."""
-  from problems import synthetic  # pylint: disable=g-import-not-at-top
-  out_file = str(tmp_path / "samples")
-  run = t2t("t2t-decoder", "--problem=synthetic_long_range", "--model=routing_transformer",
-            "--hparams_set=routing_transformer_tiny", "--data_dir=" + data_dir,
-            "--output_dir=" + trained[0], "--decode_to_file=" + out_file,
-            "--decode_hparams=beam_size=1,extra_length=8,num_samples=2,batch_size=2,"
-            "sampling_method=random", timeout=300)
-  assert run.returncode == 0, run.stderr[-4000:]
-  decodes = glob.glob(out_file + "*.decodes")
-  assert decodes, os.listdir(str(tmp_path))
-  with open(decodes[0]) as f:
-    lines = f.read().split("\n")
-  assert len(lines) == 3 and lines[-1] == "", lines
-  words = " ".join(lines).split()
-  assert words and all(len(line.split()) <= 8 for line in lines)
-  assert all(synthetic.token_id(w) >= 0 for w in words)
 
 
 @pytest.mark.parametrize("args,message", [
@@ -229,10 +117,11 @@ def test_checkpoint_of_other_hparams_fails_listing_the_variables(trained, data_d
   shutil.copytree(trained[0], out)
   run = t2t("t2t-trainer", "--problem=synthetic_long_range", "--model=routing_transformer",
             "--hparams_set=routing_transformer_tiny", "--hparams=filter_size=128",
-            "--data_dir=" + data_dir, "--output_dir=" + out, "--train_steps=12",
+            "--data_dir=" + data_dir, "--output_dir=" + out,
+            "--train_steps=%d" % (TRAINED_STEPS + 2),
             "--schedule=train", timeout=300)
   assert run.returncode != 0 and "Traceback" not in run.stderr
   last = run.stderr.strip().splitlines()[-1]
   assert "does not fit this model" in last and "ffn/weight1/kernel (checkpoint [128, 256], " \
       "model [128, 128])" in last and "--hparams_set" in last
-  assert not glob.glob(os.path.join(out, "model.ckpt-12.index"))
+  assert not glob.glob(os.path.join(out, "model.ckpt-%d.index" % (TRAINED_STEPS + 2)))
