@@ -91,6 +91,131 @@ def relative_embeddings(table, query_offsets, key_offsets):
   return tf.gather(table, index)
 
 
+def relative_distance_rows(table, first_distance, num_distances):
+  """Rows of a Shaw table for the consecutive distances first_distance + u, u < num_distances.
+
+  Distances are clipped to [-R, R] (the table has 2R + 1 rows, row R is distance 0). A plain
+  slice when no distance is clipped, else a gather of the small [2R + 1, d] table.
+
+  Returns:
+    [num_distances, d].
+  """
+  radius = (table.shape[0] - 1) // 2
+  last = first_distance + num_distances - 1
+  if -radius <= first_distance and last <= radius:
+    return table[first_distance + radius:last + radius + 1]
+  distances = tf.range(first_distance, last + 1)
+  return tf.gather(table, tf.clip_by_value(distances, -radius, radius) + radius)
+
+
+def _lead_dims(x, trailing):
+  """Dims of x before its last `trailing` axes (static where known)."""
+  dynamic = tf.shape(x)
+  return [d if d is not None else dynamic[i]
+          for i, d in enumerate(x.shape.as_list()[:x.shape.rank - trailing])]
+
+
+def skew(rel, num_keys):
+  """Distance-indexed logits to key-indexed logits (Music Transformer "skewing", no gather).
+
+  Args:
+    rel: [..., q, u] with u = num_keys + q - 1: rel[i, t] belongs to distance index t, where
+      t = j - i + q - 1 for query i and key j.
+    num_keys: k.
+  Returns:
+    [..., q, k] with out[i, j] = rel[i, j - i + q - 1].
+  """
+  q, u = rel.shape[-2], rel.shape[-1]
+  if u != num_keys + q - 1:
+    raise ValueError("skew: last axis %d must be num_keys + queries - 1 = %d."
+                     % (u, num_keys + q - 1))
+  if q == 1:
+    return rel
+  lead = _lead_dims(rel, 2)
+  # Row i of the result starts at flat index i * u + (q - 1 - i) = (q - 1) + i * (u - 1).
+  flat = tf.reshape(rel, lead + [q * u])[..., q - 1:q - 1 + q * (u - 1)]
+  return tf.reshape(flat, lead + [q, u - 1])[..., :num_keys]
+
+
+def unskew(probs, num_distances):
+  """The transpose of `skew`: [..., q, k] -> [..., q, u], out[i, j - i + q - 1] = probs[i, j]
+  (zeros elsewhere), u = num_distances = k + q - 1."""
+  q, k = probs.shape[-2], probs.shape[-1]
+  if num_distances != k + q - 1:
+    raise ValueError("unskew: num_distances %d must be keys + queries - 1 = %d."
+                     % (num_distances, k + q - 1))
+  if q == 1:
+    return probs
+  lead = _lead_dims(probs, 2)
+  rank = probs.shape.rank
+  padded = tf.pad(probs, [[0, 0]] * (rank - 1) + [[0, num_distances - 1 - k]])  # [..., q, u - 1]
+  flat = tf.reshape(padded, lead + [q * (num_distances - 1)])
+  flat = tf.pad(flat, [[0, 0]] * (rank - 2) + [[q - 1, 1]])  # q - 1 + q (u - 1) + 1 = q u
+  return tf.reshape(flat, lead + [q, num_distances])
+
+
+def _distance_rows(table, query_start, num_queries, key_start, num_keys, dtype):
+  first = key_start - (query_start + num_queries - 1)
+  return tf.cast(relative_distance_rows(table, first, num_keys + num_queries - 1), dtype)
+
+
+def relative_logits(x, table, query_start, key_start, num_keys):
+  """Shaw relative logits x_i . table[clip(key_j - query_i)] for consecutive offsets.
+
+  Equal to einsum("...qd,qkd->...qk", x, relative_embeddings(table, query_start + range(q),
+  key_start + range(k))), computed as x . rows over the q + k - 1 distinct distances (one
+  matmul) followed by `skew`, without the [q, k, d] table.
+
+  Args:
+    x: [..., q, d] queries.
+    table: [2R + 1, d].
+    query_start, key_start: Python ints, offsets of the first query and key (common origin).
+    num_keys: k.
+  Returns:
+    [..., q, k].
+  """
+  num_queries = x.shape[-2]
+  rows = _distance_rows(table, query_start, num_queries, key_start, num_keys, x.dtype)
+  rel = tf.tensordot(x, rows, [[x.shape.rank - 1], [1]])  # [..., q, q + k - 1]
+  return skew(rel, num_keys)
+
+
+def relative_outputs(probs, table, query_start, key_start):
+  """Shaw relative value term sum_j probs_ij table[clip(key_j - query_i)] for consecutive offsets.
+
+  Equal to einsum("...qk,qkd->...qd", probs, relative_embeddings(...)), computed as `unskew`
+  (probabilities summed per distance) times the rows of the q + k - 1 distinct distances.
+
+  Args:
+    probs: [..., q, k].
+    table: [2R + 1, d].
+    query_start, key_start: Python ints, as in `relative_logits`.
+  Returns:
+    [..., q, d].
+  """
+  num_queries, num_keys = probs.shape[-2], probs.shape[-1]
+  rows = _distance_rows(table, query_start, num_queries, key_start, num_keys, probs.dtype)
+  return _distance_weighted_rows(probs, rows)
+
+
+@tf.custom_gradient
+def _distance_weighted_rows(probs, rows):
+  """unskew(probs) . rows; the backward pass recomputes unskew(probs) (a pad and a reshape)
+  instead of keeping the [..., q, q + k - 1] per-distance weights alive from the forward pass
+  (probs itself is kept anyway by the softmax and the value matmul)."""
+  num_keys, num_distances = probs.shape[-1], rows.shape[0]
+  axis = probs.shape.rank - 1
+  out = tf.tensordot(unskew(probs, num_distances), rows, [[axis], [0]])
+
+  def grad(dout):
+    dprobs = skew(tf.tensordot(dout, rows, [[axis], [1]]), num_keys)
+    per_distance = tf.reshape(unskew(probs, num_distances), [-1, num_distances])
+    drows = tf.matmul(per_distance, tf.reshape(dout, [-1, rows.shape[1]]), transpose_a=True)
+    return dprobs, drows
+
+  return out, grad
+
+
 def check_qkv(q, k, v, name):
   """Validates ranks and depths of q, k, v ([b, h, n, d]); returns (b, h, n, d) as Python ints."""
   for arg, t in (("q", q), ("k", k), ("v", v)):

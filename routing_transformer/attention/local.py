@@ -80,8 +80,7 @@ def local_attention(q, k, v, block_length, flange, causal=True, relative_keys=No
   query_offsets = tf.range(block_length)
   key_offsets = tf.range((before + 1 + after) * block_length) - flange  # from the block start
   if relative_keys is not None:
-    rel_k = common.relative_embeddings(relative_keys, query_offsets, key_offsets)
-    logits += tf.einsum("bhnqd,qkd->bhnqk", q_blocks, tf.cast(rel_k, logits.dtype))
+    logits += common.relative_logits(q_blocks, relative_keys, 0, -flange, key_offsets.shape[0])
 
   block_starts = tf.range(num_blocks)[:, tf.newaxis, tf.newaxis] * block_length
   key_positions = block_starts + key_offsets[tf.newaxis, tf.newaxis, :]  # [nb, 1, W]
@@ -99,8 +98,7 @@ def local_attention(q, k, v, block_length, flange, causal=True, relative_keys=No
   probs = common.masked_softmax(logits, allowed)
   out = tf.einsum("bhnqk,bhnkd->bhnqd", probs, v_memory)
   if relative_values is not None:
-    rel_v = common.relative_embeddings(relative_values, query_offsets, key_offsets)
-    out += tf.einsum("bhnqk,qkd->bhnqd", probs, tf.cast(rel_v, probs.dtype))
+    out += common.relative_outputs(probs, relative_values, 0, -flange)
   if pad is not None:  # a query whose allowed keys are all padding gets 0
     out = common.zero_empty_rows(out, allowed)
   return tf.reshape(out, [-1, heads, n, v.shape[-1]])

@@ -207,8 +207,7 @@ def routing_attention(q, k, v, centroids, window, causal=True, share_qk=True, pa
   logits = tf.matmul(q_c, k_c, transpose_b=True)  # [b, h, c, w, w]
   ranks = tf.range(window)
   if relative_keys is not None:
-    rel_k = common.relative_embeddings(relative_keys, ranks, ranks)
-    logits += tf.einsum("bhcqd,qkd->bhcqk", q_c, tf.cast(rel_k, logits.dtype))
+    logits += common.relative_logits(q_c, relative_keys, 0, 0, window)
   logits = common.scale_logits(logits, logit_scale)
   allowed = tf.ones([1, 1, 1, 1, window], tf.bool)
   # Members are sorted, so key position <= query position is the lower triangle (with legacy
@@ -225,8 +224,7 @@ def routing_attention(q, k, v, centroids, window, causal=True, share_qk=True, pa
   probs = common.masked_softmax(logits, allowed)
   out_c = tf.matmul(probs, v_c)
   if relative_values is not None:
-    rel_v = common.relative_embeddings(relative_values, ranks, ranks)
-    out_c += tf.einsum("bhcqk,qkd->bhcqd", probs, tf.cast(rel_v, probs.dtype))
+    out_c += common.relative_outputs(probs, relative_values, 0, 0)
   if pad is not None:  # a query whose allowed keys are all padding gets 0
     out_c = common.zero_empty_rows(out_c, allowed)
 
