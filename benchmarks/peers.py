@@ -234,10 +234,10 @@ def main(argv=None):
   print("\n| implementation | s/step | tokens/s | peak process RSS | graph build | parameters |"
         "\n|---|---|---|---|---|---|")
   for name, r in mine.items():
-    print("| ours: %s (TF %s, T2T step, Adafactor) | %.2f | %.0f | %.2f GB | %.0f s | %s |" % (
+    print("| ours: %s (TF %s, T2T step, Adafactor) | %.2f | %.0f | %.2f GiB | %.0f s | %s |" % (
         r["model"], r["tensorflow"], r["seconds_per_step"], r["tokens_per_sec"],
         r["peak_rss_mb"] / 1024.0, r["graph_build_seconds"], "{:,}".format(r["parameters"])))
-  print("| peer: routing-transformer 1.6.1 (PyTorch %s, Adafactor) | %.2f | %.0f | %.2f GB | - "
+  print("| peer: routing-transformer 1.6.1 (PyTorch %s, Adafactor) | %.2f | %.0f | %.2f GiB | - "
         "| %s |" % (peer["torch"], peer["seconds_per_step"], peer["tokens_per_sec"],
                     peer["peak_rss_mb"] / 1024.0, "{:,}".format(peer["parameters"])))
   for name in mine:
