@@ -35,18 +35,20 @@ def _step(hparams, features, initial=None, xla=False):
       loss = losses["training"] + losses["extra_loss"]
       variables = tf1.trainable_variables()
       grads = [tf.convert_to_tensor(g) for g in tf1.gradients(loss, variables)]
-    kmeans = [v for v in tf1.global_variables() if v.name.endswith(KMEANS)]
+    kmeans = {v.name: v for v in tf1.global_variables() if v.name.endswith(KMEANS)}
+    every = {v.name: v for v in tf1.global_variables()}
+    # Few session.run signatures (each one prunes and optimises the graph again): the initial
+    # values go in as feeds of the initializers' inputs, the variables come out in one fetch.
+    feeds = {} if initial is None else {
+        v.initializer.inputs[1]: initial[name] for name, v in every.items()}
     with tf1.Session() as sess:
-      sess.run(tf1.global_variables_initializer())
-      if initial is not None:
-        for v in tf1.global_variables():
-          v.load(initial[v.name], sess)
-      before = {v.name: sess.run(v) for v in tf1.global_variables()}
+      sess.run(tf1.global_variables_initializer(), feeds)
+      before = sess.run(every)
       metadata = tf1.RunMetadata()
       loss_value, grad_values = sess.run(  # also runs the centroid update
           [loss, grads], options=tf1.RunOptions(output_partition_graphs=True),
           run_metadata=metadata)
-      after = {v.name: sess.run(v) for v in kmeans}
+      after = sess.run(kmeans)
   compiled = [n for g in metadata.partition_graphs for n in g.node if n.op == "_XlaRun"]
   assert bool(compiled) == xla  # jit_scope really compiled clusters with XLA
   grads = {v.name: g for v, g in zip(variables, grad_values)}
