@@ -57,9 +57,44 @@ def matmul_gflops(size=2048, repeats=5):
   return 2.0 * size ** 3 / seconds / 1e9
 
 
+def cpu_model():
+  """The CPU model name (/proc/cpuinfo "model name", else lscpu "Model name", else platform)."""
+  try:
+    with open("/proc/cpuinfo") as f:
+      for line in f:
+        if line.lower().startswith("model name"):
+          return line.split(":", 1)[1].strip()
+  except OSError:
+    pass
+  try:
+    import subprocess  # pylint: disable=g-import-not-at-top
+    out = subprocess.run(["lscpu"], capture_output=True, text=True, check=False).stdout
+    for line in out.splitlines():
+      if line.strip().lower().startswith("model name"):
+        return line.split(":", 1)[1].strip()
+  except OSError:
+    pass
+  return platform.processor() or platform.machine()
+
+
+def peak_rss_mb():
+  """Peak resident set size of this process in MiB: ru_maxrss (and VmHWM where /proc has it;
+  the larger of the two, which agree on Linux)."""
+  import resource  # pylint: disable=g-import-not-at-top
+  peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # KiB on Linux
+  try:
+    with open("/proc/self/status") as f:
+      for line in f:
+        if line.startswith("VmHWM:"):
+          peak = max(peak, int(line.split()[1]) / 1024.0)
+  except OSError:
+    pass
+  return peak
+
+
 def machine():
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  return {"date": time.strftime("%Y-%m-%d"), "cpus": os.cpu_count(),
+  return {"date": time.strftime("%Y-%m-%d"), "cpus": os.cpu_count(), "cpu_model": cpu_model(),
           "processor": platform.processor() or platform.machine(), "tensorflow": tf.__version__,
           "threads": tf.config.threading.get_intra_op_parallelism_threads()}
 

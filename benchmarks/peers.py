@@ -14,9 +14,15 @@ the same intra-op thread count (--threads, default: all cores):
   one step = forward over `length` tokens, cross-entropy + its auxiliary (commitment) loss,
   backward (its k-means EMA update runs in the backward hook), torch.optim.Adafactor.
 - ours: the "routing" (topk) model of benchmarks/train_step.py (the whole T2T training step with
-  Adafactor), built and timed in this process.
+  Adafactor); --ours adds variants (routing_recompute: recompute_layers=True; routing_norel:
+  max_relative_position=0; local: 8 local heads).
 
-Prints one JSON line per side and the ratio ours / peer tokens/s, a markdown table, and writes
+Every configuration runs in its own process (ours in this venv, the peer in its venv), and each
+reports the same memory measure: the peak resident set size of its process (ru_maxrss / VmHWM).
+The same invocation records the CPU model and the dense fp32 matmul rate (2048^3) of TensorFlow
+and of PyTorch, each in its own process too, so ratios are read against the same machine.
+
+Prints one JSON line per record, the ratios ours / peer, a markdown table, and writes
 benchmarks/results/peers.json.
 """
 import argparse
@@ -56,11 +62,20 @@ def peer_python(venv=PEER_VENV):
   return python
 
 
+OURS = {  # name -> (train_step.py model, hparams overrides)
+    "routing": ("routing", {}),
+    "routing_recompute": ("routing", {"recompute_layers": True}),
+    "routing_norel": ("routing", {"max_relative_position": 0}),
+    "local": ("local", {}),
+}
+MATMUL = 2048
+
+
 def peer_worker(steps, length, threads, warmup):
   """Runs inside the peer venv (no TensorFlow): times the PyTorch training step."""
-  import resource  # pylint: disable=g-import-not-at-top
   import warnings  # pylint: disable=g-import-not-at-top
   warnings.filterwarnings("ignore")
+  import common  # pylint: disable=g-import-not-at-top
   import torch  # pylint: disable=g-import-not-at-top
   from routing_transformer import RoutingTransformerLM  # pylint: disable=g-import-not-at-top
   torch.set_num_threads(threads)
@@ -82,34 +97,83 @@ def peer_worker(steps, length, threads, warmup):
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
 
-  for _ in range(warmup):
-    step()
-  times = []
-  for _ in range(steps):
-    t = time.perf_counter()
-    step()
-    times.append(time.perf_counter() - t)
-  times.sort()
-  seconds = times[len(times) // 2]
-  return {"record": "point", "side": "peer", "package": "routing-transformer 1.6.1",
-          "torch": torch.__version__, "threads": torch.get_num_threads(),
-          "seconds_per_step": seconds, "tokens_per_sec": length / seconds,
-          "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0,
+  seconds = _median_time(step, steps, warmup)
+  return {"record": "point", "side": "peer", "name": "peer",
+          "package": "routing-transformer 1.6.1", "torch": torch.__version__,
+          "threads": torch.get_num_threads(), "seconds_per_step": seconds,
+          "tokens_per_sec": length / seconds, "peak_rss_mb": common.peak_rss_mb(),
           "parameters": sum(p.numel() for p in model.parameters()), "steps": steps}
 
 
-def ours(steps, length, threads, warmup):
-  """Times our routing (topk) T2T training step of benchmarks/train_step.py."""
+def _median_time(fn, steps, warmup):
+  for _ in range(warmup):
+    fn()
+  times = []
+  for _ in range(steps):
+    t = time.perf_counter()
+    fn()
+    times.append(time.perf_counter() - t)
+  times.sort()
+  return times[len(times) // 2]
+
+
+def torch_matmul_worker(threads):
+  """Dense fp32 matmul GFLOP/s of PyTorch (inside the peer venv)."""
+  import torch  # pylint: disable=g-import-not-at-top
+  torch.set_num_threads(threads)
+  a, b = torch.randn(MATMUL, MATMUL), torch.randn(MATMUL, MATMUL)
+  seconds = _median_time(lambda: torch.matmul(a, b).sum().item(), 5, 1)
+  return {"record": "matmul", "framework": "pytorch", "version": torch.__version__,
+          "threads": torch.get_num_threads(), "size": MATMUL,
+          "gflops": 2.0 * MATMUL ** 3 / seconds / 1e9}
+
+
+def tf_matmul_worker(threads):
+  """Dense fp32 matmul GFLOP/s of TensorFlow (this venv), as benchmarks/common.py measures it."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  import common  # pylint: disable=g-import-not-at-top
+  tf.config.threading.set_intra_op_parallelism_threads(threads)
+  return {"record": "matmul", "framework": "tensorflow", "version": tf.__version__,
+          "threads": threads, "size": MATMUL, "gflops": common.matmul_gflops(MATMUL)}
+
+
+def ours_worker(name, steps, length, threads, warmup):
+  """Times one of our configurations (OURS) in this process: the T2T step of train_step.py."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   import common  # pylint: disable=g-import-not-at-top
   import train_step  # pylint: disable=g-import-not-at-top
+  common.start("peers_ours", config="bench-8k", length=length)
   tf.config.threading.set_intra_op_parallelism_threads(threads)  # read by tf1.Session too
-  run, params = train_step.build_train_step("routing", length)
-  seconds, peak = common.time_fn(run, repeats=steps, warmup=warmup, max_seconds=900)
-  return {"record": "point", "side": "ours", "model": "routing (topk), train_step.py",
+  model, overrides = OURS[name]
+  started = time.perf_counter()
+  run, params = train_step.build_train_step(model, length, overrides)
+  build = time.perf_counter() - started
+  started = time.perf_counter()
+  run()  # the first step (graph optimisation, allocations)
+  first = time.perf_counter() - started
+  seconds = _median_time(run, steps, max(warmup - 1, 0))
+  return {"record": "point", "side": "ours", "name": name,
+          "model": "%s, train_step.py%s" % (model, "".join(
+              ", %s=%s" % kv for kv in sorted(overrides.items()))),
           "tensorflow": tf.__version__, "threads": threads, "seconds_per_step": seconds,
-          "tokens_per_sec": length / seconds, "peak_tensor_mb": peak / 2 ** 20,
+          "tokens_per_sec": length / seconds, "peak_rss_mb": common.peak_rss_mb(),
+          "graph_build_seconds": build, "first_step_seconds": first,
+          "tf_cpu_allocator_bfc": os.environ.get("TF_CPU_ALLOCATOR_USE_BFC", ""),
           "parameters": params, "steps": steps}
+
+
+def run_worker(python, kind, args, name=None):
+  """Runs `kind` in a fresh process of `python`; returns its last JSON line."""
+  command = [python, os.path.abspath(__file__), "--worker", kind, "--steps", str(args.steps),
+             "--warmup", str(args.warmup), "--length", str(args.length), "--threads",
+             str(args.threads)] + (["--name", name] if name else [])
+  # The peer venv runs from inside itself: from the repo root `routing_transformer` is ours.
+  cwd = os.path.dirname(python) if python != sys.executable else HERE
+  done = subprocess.run(command, capture_output=True, text=True, cwd=cwd)
+  if done.returncode:
+    sys.exit("peers: worker %s %s failed: %s" % (kind, name or "",
+                                                 done.stderr.strip().splitlines()[-3:]))
+  return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def main(argv=None):
@@ -118,45 +182,75 @@ def main(argv=None):
   parser.add_argument("--warmup", type=int, default=2)
   parser.add_argument("--length", type=int, default=8192)
   parser.add_argument("--threads", type=int, default=os.cpu_count())
-  parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+  parser.add_argument("--ours", default="routing",
+                      help="comma-separated configurations of ours: " + ", ".join(OURS))
+  parser.add_argument("--worker", choices=["peer", "ours", "tf_matmul", "torch_matmul"],
+                      help=argparse.SUPPRESS)
+  parser.add_argument("--name", help=argparse.SUPPRESS)
   parser.add_argument("--out", default=os.path.join(HERE, "results"))
   args = parser.parse_args(argv)
-  if args.worker:  # inside the peer venv
-    print(json.dumps(peer_worker(args.steps, args.length, args.threads, args.warmup)))
+  if args.worker:
+    sys.path.insert(0, HERE)
+    if args.worker == "peer":  # inside the peer venv
+      record = peer_worker(args.steps, args.length, args.threads, args.warmup)
+    elif args.worker == "torch_matmul":
+      record = torch_matmul_worker(args.threads)
+    elif args.worker == "tf_matmul":
+      record = tf_matmul_worker(args.threads)
+    else:
+      record = ours_worker(args.name, args.steps, args.length, args.threads, args.warmup)
+    print(json.dumps(record))
     return
 
   sys.path.insert(0, HERE)
   import common  # pylint: disable=g-import-not-at-top
+  names = [n.strip() for n in args.ours.split(",") if n.strip()]
+  unknown = [n for n in names if n not in OURS]
+  if unknown:
+    sys.exit("peers: unknown --ours %s; choose from %s" % (unknown, ", ".join(OURS)))
   python = peer_python()
   info = common.start("peers", config="bench-8k", length=args.length, threads=args.threads)
-  done = subprocess.run([python, os.path.abspath(__file__), "--worker", "--steps",
-                         str(args.steps), "--warmup", str(args.warmup), "--length",
-                         str(args.length), "--threads", str(args.threads)],
-                        capture_output=True, text=True, cwd=os.path.dirname(python))
-  if done.returncode:
-    sys.exit("peers: the PyTorch side failed: %s" % done.stderr.strip().splitlines()[-1:])
-  peer = json.loads(done.stdout.strip().splitlines()[-1])
+  matmul = {}
+  for framework, interpreter, kind in (("tensorflow", sys.executable, "tf_matmul"),
+                                       ("pytorch", python, "torch_matmul")):
+    matmul[framework] = run_worker(interpreter, kind, args)
+    common.emit(matmul[framework])
+  peer = run_worker(python, "peer", args)
   common.emit(peer)
-  mine = ours(args.steps, args.length, args.threads, args.warmup)
-  common.emit(mine)
-  ratio = {"record": "ratio", "tokens_per_sec_ours_over_peer":
-           mine["tokens_per_sec"] / peer["tokens_per_sec"]}
-  common.emit(ratio)
-  print("\n| implementation | threads | s/step | tokens/s | parameters |\n|---|---|---|---|---|")
-  print("| ours: routing_transformer (TF %s, T2T step, Adafactor) | %d | %.3f | %.0f | %s |" % (
-      mine["tensorflow"], mine["threads"], mine["seconds_per_step"], mine["tokens_per_sec"],
-      "{:,}".format(mine["parameters"])))
-  print("| peer: routing-transformer 1.6.1 (PyTorch %s, Adafactor) | %d | %.3f | %.0f | %s |" % (
-      peer["torch"], peer["threads"], peer["seconds_per_step"], peer["tokens_per_sec"],
-      "{:,}".format(peer["parameters"])))
-  print("\nours / peer training tokens/s: %.2f" % ratio["tokens_per_sec_ours_over_peer"])
-  common.save(args.out, "peers.json", {"machine": info, "ours": mine, "peer": peer,
-                                       "ratio": ratio})
+  mine = {}
+  for name in names:
+    mine[name] = run_worker(sys.executable, "ours", args, name)
+    common.emit(mine[name])
+  ratios = {"record": "ratio"}
+  for name, r in mine.items():
+    ratios["tokens_per_sec_%s_over_peer" % name] = r["tokens_per_sec"] / peer["tokens_per_sec"]
+    ratios["peak_rss_%s_over_peer" % name] = r["peak_rss_mb"] / peer["peak_rss_mb"]
+  ratios["matmul_tensorflow_over_pytorch"] = (matmul["tensorflow"]["gflops"] /
+                                              matmul["pytorch"]["gflops"])
+  common.emit(ratios)
+  print("\n%s, %d threads, %s; dense fp32 matmul %d^3: TensorFlow %.0f GFLOP/s, PyTorch %.0f "
+        "GFLOP/s" % (info["cpu_model"], args.threads, info["date"], MATMUL,
+                     matmul["tensorflow"]["gflops"], matmul["pytorch"]["gflops"]))
+  print("\n| implementation | s/step | tokens/s | peak process RSS | graph build | parameters |"
+        "\n|---|---|---|---|---|---|")
+  for name, r in mine.items():
+    print("| ours: %s (TF %s, T2T step, Adafactor) | %.2f | %.0f | %.2f GiB | %.0f s | %s |" % (
+        r["model"], r["tensorflow"], r["seconds_per_step"], r["tokens_per_sec"],
+        r["peak_rss_mb"] / 1024.0, r["graph_build_seconds"], "{:,}".format(r["parameters"])))
+  print("| peer: routing-transformer 1.6.1 (PyTorch %s, Adafactor) | %.2f | %.0f | %.2f GiB | - "
+        "| %s |" % (peer["torch"], peer["seconds_per_step"], peer["tokens_per_sec"],
+                    peer["peak_rss_mb"] / 1024.0, "{:,}".format(peer["parameters"])))
+  for name in mine:
+    print("\nours (%s) / peer: tokens/s %.2f, peak RSS %.2f" % (
+        name, ratios["tokens_per_sec_%s_over_peer" % name],
+        ratios["peak_rss_%s_over_peer" % name]))
+  common.save(args.out, "peers.json", {"machine": info, "matmul": matmul, "ours": mine,
+                                       "peer": peer, "ratio": ratios})
 
 
 if __name__ == "__main__":
-  if "--worker" in sys.argv:
-    main()
+  if "--worker" in sys.argv and "ours" not in sys.argv and "tf_matmul" not in sys.argv:
+    main()  # the peer venv: no TensorFlow, no re-exec
   else:
     sys.path.insert(0, HERE)
     import common  # pylint: disable=g-import-not-at-top,wrong-import-position

@@ -40,8 +40,9 @@ def bench_hparams(routing, length, routing_mode="topk"):
   return h
 
 
-def build_train_step(name, length):
-  """(run_step fn, parameter count) for one model (see MODELS) in its own graph and session."""
+def build_train_step(name, length, overrides=None):
+  """(run_step fn, parameter count) for one model (see MODELS) in its own graph and session;
+  `overrides`: optional {hparam: value} set on top (e.g. recompute_layers=True)."""
   import numpy as np  # pylint: disable=g-import-not-at-top
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   from routing_transformer import model as model_lib  # pylint: disable=g-import-not-at-top
@@ -50,6 +51,8 @@ def build_train_step(name, length):
   tf1 = tf.compat.v1
   hparams = bench_hparams(name != "local", length,
                           "causal_window" if name.endswith("causal_window") else "topk")
+  for key, value in (overrides or {}).items():
+    setattr(hparams, key, value)
   graph = tf.Graph()
   with graph.as_default():
     tf1.train.get_or_create_global_step()

@@ -88,6 +88,9 @@ def sparse_transformer_local():
       nan_guard=True,            # stop at a non-finite loss/gradient/centroid (health.py)
       reseed_dead_clusters=False,  # re-seed dead centroids from this step's queries
       dead_cluster_check_steps=1000,  # log dead clusters every N steps (0: never)
-      skip_corrupt_records=False,  # True: skip corrupt/truncated TFRecords with a warning
+      skip_corrupt_records=False,
+      # Recompute each block's activations in the backward pass (memory: the block inputs plus
+      # one block's activations); the k-means update still happens once per step.
+      recompute_layers=False,  # True: skip corrupt/truncated TFRecords with a warning
   )
   return hparams

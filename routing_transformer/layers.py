@@ -126,7 +126,8 @@ def head_config(hparams):
       legacy_causal_key_routing=hparams.legacy_causal_key_routing)
 
 
-def self_attention(x, hparams, layer_index, padding, causal=True, train=False):
+def self_attention(x, hparams, layer_index, padding, causal=True, train=False,
+                   read_centroids=None):
   """Multi-head self-attention mixing local and routing heads.
 
   Args:
@@ -136,6 +137,8 @@ def self_attention(x, hparams, layer_index, padding, causal=True, train=False):
     padding: bool [b, n], True at padding positions, or None.
     causal: decoder (True) or encoder (False) self-attention.
     train: TRAIN mode (random routing draws fresh members; centroids are updated).
+    read_centroids: optional km -> [h, c, d] centroid values to route with (default: read
+      km.means); recompute_layers replays the forward's read in the backward pass.
   Returns:
     (y [b, n, hidden], commitment loss (scalar, 0 without routing heads), KMeansStep or None).
   """
@@ -145,7 +148,8 @@ def self_attention(x, hparams, layer_index, padding, causal=True, train=False):
   means, routing_tables, local_tables, options = None, (None, None), (None, None), {}
   if num_routing:
     km, rel_k, rel_v = routing_variables(hparams, layer_index)
-    means, routing_tables = km.means, (rel_k, rel_v)
+    means = km.means if read_centroids is None else read_centroids(km)
+    routing_tables = (rel_k, rel_v)
     options = routing_options(hparams, layer_index)
   if num_local:
     local_tables = local_variables(hparams, layer_index)

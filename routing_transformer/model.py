@@ -19,6 +19,7 @@ from routing_transformer import compat
 from routing_transformer import health
 from routing_transformer import kmeans
 from routing_transformer import layers
+from routing_transformer import recompute
 
 compat.patch_tensor2tensor()
 
@@ -135,7 +136,7 @@ class RoutingTransformer(t2t_model.T2TModel):
           x, tf.fill(tf.shape(ids), position))
     return x
 
-  def layer_stack(self, x, prefix, num_layers, attend, memory_attend=None):
+  def layer_stack(self, x, prefix, num_layers, attend, memory_attend=None, wrap=None):
     """Residual blocks: self-attention, [enc-dec attention], FFN with T2T pre/post-processing.
 
     Args:
@@ -144,28 +145,39 @@ class RoutingTransformer(t2t_model.T2TModel):
       num_layers: number of blocks.
       attend: (normalised x, layer index) -> self-attention output [b, n, hidden].
       memory_attend: optional (normalised x, layer index) -> enc-dec attention output.
+      wrap: optional (x, layer index) -> block output, run in the block's variable scope
+        instead of `block` (recompute_layers).
     Returns:
       [b, n, hidden] (final layer_preprocess applied).
     """
     hparams = self.hparams
     for i in range(num_layers):
       with tf1.variable_scope("%s_layer_%d" % (prefix, i)):
-        with tf1.variable_scope("self_attention"):
-          with tf1.variable_scope("self_attention"):
-            y = attend(common_layers.layer_preprocess(x, hparams), i)
-          x = common_layers.layer_postprocess(x, y, hparams)
-          if memory_attend is not None:
-            with tf1.variable_scope("encdec_attention"):
-              y = memory_attend(common_layers.layer_preprocess(x, hparams), i)
-            x = common_layers.layer_postprocess(x, y, hparams)
-          with tf1.variable_scope("ffn"):
-            y = layers.ffn(common_layers.layer_preprocess(x, hparams), hparams, self.is_train)
-          x = common_layers.layer_postprocess(x, y, hparams)
+        x = wrap(x, i) if wrap is not None else self.block(x, i, attend, memory_attend)
     return common_layers.layer_preprocess(x, hparams)
+
+  def block(self, x, i, attend, memory_attend=None):
+    """One residual block (in scope `<prefix>_layer_<i>`); see `layer_stack`."""
+    hparams = self.hparams
+    with tf1.variable_scope("self_attention"):
+      with tf1.variable_scope("self_attention"):
+        y = attend(common_layers.layer_preprocess(x, hparams), i)
+      x = common_layers.layer_postprocess(x, y, hparams)
+      if memory_attend is not None:
+        with tf1.variable_scope("encdec_attention"):
+          y = memory_attend(common_layers.layer_preprocess(x, hparams), i)
+        x = common_layers.layer_postprocess(x, y, hparams)
+      with tf1.variable_scope("ffn"):
+        y = layers.ffn(common_layers.layer_preprocess(x, hparams), hparams, self.is_train)
+      x = common_layers.layer_postprocess(x, y, hparams)
+    return x
 
   def stack(self, x, padding, causal, prefix, num_layers, memory=None, memory_padding=None):
     """Whole-sequence layers; returns (x [b, n, hidden], summed commitment losses)."""
     hparams = self.hparams
+    if self.is_train and hparams.get("recompute_layers", False):
+      return self.recomputed_stack(x, padding, causal, prefix, num_layers, memory,
+                                   memory_padding)
     losses = []
 
     def attend(y, i):
@@ -179,6 +191,57 @@ class RoutingTransformer(t2t_model.T2TModel):
     memory_attend = None if memory is None else (
         lambda y, i: layers.encdec_attention(y, memory, hparams, memory_padding))
     x = self.layer_stack(x, prefix, num_layers, attend, memory_attend)
+    return x, tf.add_n(losses)
+
+  def recomputed_stack(self, x, padding, causal, prefix, num_layers, memory=None,
+                       memory_padding=None):
+    """`stack` with every block recomputed in the backward pass (hparam recompute_layers).
+
+    The forward call of a block registers its k-means statistics and reads the centroids; the
+    backward re-run (replay) registers nothing and routes with the centroids the forward read,
+    so the EMA update happens once per step and the gradients equal those without recompute.
+    """
+    hparams = self.hparams
+    random = [name for name in ("attention_dropout", "relu_dropout",
+                                "layer_prepostprocess_dropout") if hparams.get(name)]
+    if random or hparams.random_routing:
+      raise HParamsError(
+          "recompute_layers=True re-runs each block in the backward pass and would draw its "
+          "random numbers again; set %s to 0 or recompute_layers=False"
+          % " and ".join(random + (["random_routing=False"] if hparams.random_routing else [])))
+    losses = []
+
+    def wrap(x, i):
+      means = {}  # this block's centroid reads in the forward: variable ref -> tensor
+
+      def read_centroids(km, replay):
+        if not replay:
+          means[km.means.ref()] = tf.convert_to_tensor(km.means)
+        return means[km.means.ref()]
+
+      def run(x, *mem, replay=False):
+        found = {}
+
+        def attend(y, i):
+          out, loss, step = layers.self_attention(
+              y, hparams, i, padding, causal=causal, train=True,
+              read_centroids=lambda km: read_centroids(km, replay))
+          if step is not None and not replay:
+            self._kmeans_steps.setdefault(step.km.means.name, []).append(step)
+          found["loss"] = tf.cast(loss, tf.float32)
+          return out
+
+        memory_attend = None if not mem else (
+            lambda y, i: layers.encdec_attention(y, mem[0], hparams, memory_padding))
+        y = self.block(x, i, attend, memory_attend)
+        return y, tf.convert_to_tensor(found["loss"]) + tf.zeros([])
+
+      y, loss = recompute.recompute_block(run, [x] + ([memory] if memory is not None else []),
+                                          lambda: means)
+      losses.append(loss)
+      return y
+
+    x = self.layer_stack(x, prefix, num_layers, None, None, wrap=wrap)
     return x, tf.add_n(losses)
 
   def logits(self, x):

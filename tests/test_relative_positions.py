@@ -13,34 +13,42 @@ CASES = [
 ]
 
 
-def _naive(x, probs, table, qs, ks):
+def _naive(x, probs, table, qs, ks, causal=False):
+  del causal
   q, k = x.shape[-2], probs.shape[-1]
   emb = common.relative_embeddings(table, qs + tf.range(q), ks + tf.range(k))  # [q, k, d]
   return (tf.einsum("...qd,qkd->...qk", x, emb), tf.einsum("...qk,qkd->...qd", probs, emb))
 
 
-def _fast(x, probs, table, qs, ks):
-  return (common.relative_logits(x, table, qs, ks, probs.shape[-1]),
-          common.relative_outputs(probs, table, qs, ks))
+def _fast(x, probs, table, qs, ks, causal=False):
+  return (common.relative_logits(x, table, qs, ks, probs.shape[-1], causal=causal),
+          common.relative_outputs(probs, table, qs, ks, causal=causal))
 
 
-def _values_and_grads(fn, x, probs, table, qs, ks):
+def _values_and_grads(fn, x, probs, table, qs, ks, causal=False):
+  """Values and gradients; with causal, keys after their query are masked as attention does
+  (their logits unused, their probabilities 0)."""
+  q, k = x.shape[-2], probs.shape[-1]
+  allowed = tf.constant((ks + np.arange(k))[None, :] <= (qs + np.arange(q))[:, None]
+                        if causal else np.ones((q, k), bool))
   with tf.GradientTape() as tape:
     tape.watch([x, probs, table])
-    logits, out = fn(x, probs, table, qs, ks)
+    logits, out = fn(x, probs * tf.cast(allowed, probs.dtype), table, qs, ks, causal)
+    logits = tf.where(allowed, logits, tf.zeros_like(logits))
     loss = tf.reduce_sum(tf.sin(logits)) + tf.reduce_sum(out * tf.cos(out))
   return [logits, out] + [tf.convert_to_tensor(g) for g in tape.gradient(loss, [x, probs, table])]
 
 
+@pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("case", CASES)
-def test_skewed_equals_gathered_values_and_gradients(rng, case):
+def test_skewed_equals_gathered_values_and_gradients(rng, case, causal):
   q, k, qs, ks, radius = case
   d = 3
   x = tf.constant(rng.standard_normal((2, 3, q, d)))  # float64: exact up to summation order
   probs = tf.constant(rng.standard_normal((2, 3, q, k)))
   table = tf.constant(rng.standard_normal((2 * radius + 1, d)))
-  fast = _values_and_grads(_fast, x, probs, table, qs, ks)
-  naive = _values_and_grads(_naive, x, probs, table, qs, ks)
+  fast = _values_and_grads(_fast, x, probs, table, qs, ks, causal)
+  naive = _values_and_grads(_naive, x, probs, table, qs, ks, causal)
   for a, b in zip(fast, naive):
     assert a.shape == b.shape
     np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-12, atol=1e-12)
@@ -72,4 +80,13 @@ def test_skew_and_unskew_are_transposes(rng):
       assert skewed[:, i, j].tolist() == rel[:, i, j - i + 4].tolist()
   np.testing.assert_allclose(np.sum(skewed * probs), np.sum(rel * unskewed), rtol=1e-12)
   with pytest.raises(ValueError, match="num_keys"):
-    common.skew(tf.constant(rel), 6)
+    common.skew(tf.constant(rel), 13)
+  short = rng.standard_normal((2, 5, 8))  # k + 1 columns: the pairs with j - i + 4 < 8
+  skewed = common.skew(tf.constant(short), 7).numpy()
+  for i in range(5):
+    for j in range(7):
+      if j - i + 4 < 8:
+        assert skewed[:, i, j].tolist() == short[:, i, j - i + 4].tolist()
+  np.testing.assert_allclose(np.sum(skewed * probs),
+                             np.sum(short * common.unskew(tf.constant(probs), 8).numpy()),
+                             rtol=1e-12)

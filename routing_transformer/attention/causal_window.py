@@ -111,14 +111,14 @@ def causal_window_attention(q, k, v, centroids, window, share_qk=True, padding=N
                                          tf.ones_like(clusters), fill=1), window, fill=1)
     allowed = tf.logical_and(allowed, tf.equal(p_k, 0)[:, :, :, tf.newaxis, :])
   if relative_keys is not None:
-    logits += common.relative_logits(q_b, relative_keys, window, 0, 2 * window)
+    logits += common.relative_logits(q_b, relative_keys, window, 0, 2 * window, causal=True)
   logits = common.scale_logits(logits, logit_scale)
   if exclude_self:  # the query's own slot is at sorted distance 0
     allowed = common.exclude_self(allowed, tf.equal(distance, 0))
   probs = common.masked_softmax(logits, allowed)
   out = tf.einsum("bhnqk,bhnkd->bhnqd", probs, v_s)
   if relative_values is not None:
-    out += common.relative_outputs(probs, relative_values, window, 0)
+    out += common.relative_outputs(probs, relative_values, window, 0, causal=True)
   if pad is not None:
     out = common.zero_empty_rows(out, allowed)
   out = tf.reshape(out, [-1, heads, padded_n, v.shape[-1]])[:, :, :n]

@@ -119,82 +119,98 @@ def skew(rel, num_keys):
   """Distance-indexed logits to key-indexed logits (Music Transformer "skewing", no gather).
 
   Args:
-    rel: [..., q, u] with u = num_keys + q - 1: rel[i, t] belongs to distance index t, where
-      t = j - i + q - 1 for query i and key j.
+    rel: [..., q, u]: rel[i, t] belongs to distance index t = j - i + q - 1 of query i and
+      key j; u = num_keys + q - 1 covers every (i, j), and any num_keys + 1 <= u covers the
+      pairs with t < u (the others read entries of the next row: callers mask them).
     num_keys: k.
   Returns:
-    [..., q, k] with out[i, j] = rel[i, j - i + q - 1].
+    [..., q, k] with out[i, j] = rel[i, j - i + q - 1] where j - i + q - 1 < u.
   """
   q, u = rel.shape[-2], rel.shape[-1]
-  if u != num_keys + q - 1:
-    raise ValueError("skew: last axis %d must be num_keys + queries - 1 = %d."
-                     % (u, num_keys + q - 1))
+  if u < num_keys + min(q - 1, 1) or u > num_keys + q - 1:
+    raise ValueError("skew: last axis %d must lie in [num_keys + 1, num_keys + queries - 1] = "
+                     "[%d, %d]." % (u, num_keys + min(q - 1, 1), num_keys + q - 1))
   if q == 1:
     return rel
   lead = _lead_dims(rel, 2)
   # Row i of the result starts at flat index i * u + (q - 1 - i) = (q - 1) + i * (u - 1).
   flat = tf.reshape(rel, lead + [q * u])[..., q - 1:q - 1 + q * (u - 1)]
-  return tf.reshape(flat, lead + [q, u - 1])[..., :num_keys]
+  out = tf.reshape(flat, lead + [q, u - 1])
+  return out if u - 1 == num_keys else out[..., :num_keys]
 
 
 def unskew(probs, num_distances):
-  """The transpose of `skew`: [..., q, k] -> [..., q, u], out[i, j - i + q - 1] = probs[i, j]
-  (zeros elsewhere), u = num_distances = k + q - 1."""
+  """The transpose of `skew`: [..., q, k] -> [..., q, u] (u = num_distances), the sum of
+  probs[i, j] at [i, j - i + q - 1]; with u < k + q - 1, the probabilities of pairs with
+  j - i + q - 1 >= u land elsewhere and must be 0 (masked)."""
   q, k = probs.shape[-2], probs.shape[-1]
-  if num_distances != k + q - 1:
-    raise ValueError("unskew: num_distances %d must be keys + queries - 1 = %d."
-                     % (num_distances, k + q - 1))
+  if num_distances < k + min(q - 1, 1) or num_distances > k + q - 1:
+    raise ValueError("unskew: num_distances %d must lie in [keys + 1, keys + queries - 1] = "
+                     "[%d, %d]." % (num_distances, k + min(q - 1, 1), k + q - 1))
   if q == 1:
     return probs
   lead = _lead_dims(probs, 2)
   rank = probs.shape.rank
-  padded = tf.pad(probs, [[0, 0]] * (rank - 1) + [[0, num_distances - 1 - k]])  # [..., q, u - 1]
+  padded = probs
+  if num_distances - 1 > k:
+    padded = tf.pad(probs, [[0, 0]] * (rank - 1) + [[0, num_distances - 1 - k]])  # [.., q, u - 1]
   flat = tf.reshape(padded, lead + [q * (num_distances - 1)])
   flat = tf.pad(flat, [[0, 0]] * (rank - 2) + [[q - 1, 1]])  # q - 1 + q (u - 1) + 1 = q u
   return tf.reshape(flat, lead + [q, num_distances])
 
 
-def _distance_rows(table, query_start, num_queries, key_start, num_keys, dtype):
+def _distance_rows(table, query_start, num_queries, key_start, num_keys, causal, dtype):
+  """The rows of the distances the skew reads: all q + k - 1, or with `causal` (keys after
+  their query masked) those up to distance 0 when that takes fewer columns: k + 1 columns from
+  the smallest distance, whose skew is one slice (entries of distances > 0 are then garbage)."""
   first = key_start - (query_start + num_queries - 1)
-  return tf.cast(relative_distance_rows(table, first, num_keys + num_queries - 1), dtype)
+  columns = num_keys + num_queries - 1
+  if causal and num_queries > 1 and first + num_keys >= 1:  # distance 0 is within k + 1 rows
+    columns = min(columns, num_keys + 1)
+  return tf.cast(relative_distance_rows(table, first, columns), dtype)
 
 
-def relative_logits(x, table, query_start, key_start, num_keys):
+def relative_logits(x, table, query_start, key_start, num_keys, causal=False):
   """Shaw relative logits x_i . table[clip(key_j - query_i)] for consecutive offsets.
 
   Equal to einsum("...qd,qkd->...qk", x, relative_embeddings(table, query_start + range(q),
-  key_start + range(k))), computed as x . rows over the q + k - 1 distinct distances (one
-  matmul) followed by `skew`, without the [q, k, d] table.
+  key_start + range(k))), computed as x . rows over the distinct distances (one matmul)
+  followed by `skew`, without the [q, k, d] table. With causal=True only the entries with
+  key offset <= query offset are computed (the others hold other finite values: mask them).
 
   Args:
     x: [..., q, d] queries.
     table: [2R + 1, d].
     query_start, key_start: Python ints, offsets of the first query and key (common origin).
     num_keys: k.
+    causal: the caller masks keys after their query.
   Returns:
     [..., q, k].
   """
   num_queries = x.shape[-2]
-  rows = _distance_rows(table, query_start, num_queries, key_start, num_keys, x.dtype)
-  rel = tf.tensordot(x, rows, [[x.shape.rank - 1], [1]])  # [..., q, q + k - 1]
+  rows = _distance_rows(table, query_start, num_queries, key_start, num_keys, causal, x.dtype)
+  rel = tf.tensordot(x, rows, [[x.shape.rank - 1], [1]])  # [..., q, columns]
   return skew(rel, num_keys)
 
 
-def relative_outputs(probs, table, query_start, key_start):
+def relative_outputs(probs, table, query_start, key_start, causal=False):
   """Shaw relative value term sum_j probs_ij table[clip(key_j - query_i)] for consecutive offsets.
 
   Equal to einsum("...qk,qkd->...qd", probs, relative_embeddings(...)), computed as `unskew`
-  (probabilities summed per distance) times the rows of the q + k - 1 distinct distances.
+  (probabilities summed per distance) times the rows of the distinct distances. With
+  causal=True, probs must be 0 for keys after their query (masked).
 
   Args:
     probs: [..., q, k].
     table: [2R + 1, d].
     query_start, key_start: Python ints, as in `relative_logits`.
+    causal: as in `relative_logits`.
   Returns:
     [..., q, d].
   """
   num_queries, num_keys = probs.shape[-2], probs.shape[-1]
-  rows = _distance_rows(table, query_start, num_queries, key_start, num_keys, probs.dtype)
+  rows = _distance_rows(table, query_start, num_queries, key_start, num_keys, causal,
+                        probs.dtype)
   return _distance_weighted_rows(probs, rows)
 
 

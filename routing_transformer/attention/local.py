@@ -80,7 +80,8 @@ def local_attention(q, k, v, block_length, flange, causal=True, relative_keys=No
   query_offsets = tf.range(block_length)
   key_offsets = tf.range((before + 1 + after) * block_length) - flange  # from the block start
   if relative_keys is not None:
-    logits += common.relative_logits(q_blocks, relative_keys, 0, -flange, key_offsets.shape[0])
+    logits += common.relative_logits(q_blocks, relative_keys, 0, -flange, key_offsets.shape[0],
+                                     causal=causal)
 
   block_starts = tf.range(num_blocks)[:, tf.newaxis, tf.newaxis] * block_length
   key_positions = block_starts + key_offsets[tf.newaxis, tf.newaxis, :]  # [nb, 1, W]
@@ -98,7 +99,7 @@ def local_attention(q, k, v, block_length, flange, causal=True, relative_keys=No
   probs = common.masked_softmax(logits, allowed)
   out = tf.einsum("bhnqk,bhnkd->bhnqd", probs, v_memory)
   if relative_values is not None:
-    out += common.relative_outputs(probs, relative_values, 0, -flange)
+    out += common.relative_outputs(probs, relative_values, 0, -flange, causal=causal)
   if pad is not None:  # a query whose allowed keys are all padding gets 0
     out = common.zero_empty_rows(out, allowed)
   return tf.reshape(out, [-1, heads, n, v.shape[-1]])

@@ -207,7 +207,7 @@ def routing_attention(q, k, v, centroids, window, causal=True, share_qk=True, pa
   logits = tf.matmul(q_c, k_c, transpose_b=True)  # [b, h, c, w, w]
   ranks = tf.range(window)
   if relative_keys is not None:
-    logits += common.relative_logits(q_c, relative_keys, 0, 0, window)
+    logits += common.relative_logits(q_c, relative_keys, 0, 0, window, causal=causal)
   logits = common.scale_logits(logits, logit_scale)
   allowed = tf.ones([1, 1, 1, 1, window], tf.bool)
   # Members are sorted, so key position <= query position is the lower triangle (with legacy
@@ -224,7 +224,7 @@ def routing_attention(q, k, v, centroids, window, causal=True, share_qk=True, pa
   probs = common.masked_softmax(logits, allowed)
   out_c = tf.matmul(probs, v_c)
   if relative_values is not None:
-    out_c += common.relative_outputs(probs, relative_values, 0, 0)
+    out_c += common.relative_outputs(probs, relative_values, 0, 0, causal=causal)
   if pad is not None:  # a query whose allowed keys are all padding gets 0
     out_c = common.zero_empty_rows(out_c, allowed)
 

@@ -1,0 +1,72 @@
+"""Rematerialisation of one residual block (hparam `recompute_layers`, tf.compat.v1 graphs).
+
+`recompute_block(fn, inputs, substitutes)` runs fn(*inputs) -> (y, loss) once in the forward
+pass and keeps only its inputs: the backward pass re-runs fn (in the same variable scope, with
+reuse) after the gradient of y has arrived and differentiates the re-run. So a block's activations
+live only while its gradient is computed, and the training step holds the block inputs (the
+checkpoints) plus one block's activations.
+
+What must not happen twice is left to the caller: fn is called with replay=False in the forward and
+replay=True in the backward; the forward alone registers the k-means statistics (so the EMA
+centroid update is built once, from the forward's assignments), and the replay reads the
+centroids through `substitutes`: tensors read in the forward, so the re-run routes with the
+centroids of the forward even though the EMA update assigned new ones in between.
+
+Randomness is not replayed (a dropout mask or random routing would be drawn again), so the model
+refuses recompute_layers with dropout inside the blocks or random_routing.
+"""
+import tensorflow as tf
+
+tf1 = tf.compat.v1
+
+
+def _add(a, b):
+  if a is None:
+    return b
+  if b is None:
+    return a
+  return tf.convert_to_tensor(a) + tf.convert_to_tensor(b)
+
+
+def recompute_block(fn, inputs, substitutes=None):
+  """y, loss = fn(*inputs), recomputed in the backward pass.
+
+  Args:
+    fn: (*inputs, replay=bool) -> (y, loss) tensors; creates/reuses variables with
+      tf.compat.v1.get_variable in the current variable scope.
+    inputs: list of float tensors (the block input, and e.g. the encoder output); gradients
+      reach them only through the outputs of fn.
+    substitutes: optional callable returning {variable.ref(): tensor}: variables fn reads
+      through these tensors when replaying (their gradient is the gradient of the tensor).
+  Returns:
+    (y, loss) of the forward call.
+  """
+  scope = tf1.get_variable_scope()
+
+  @tf.custom_gradient
+  def block(*args):
+    y, loss = fn(*args, replay=False)
+
+    def grad(dy, dloss, variables=None):
+      # tf.gradients reads a None grad_ys as ones: an output without gradient gets zeros.
+      dy = tf.zeros_like(y) if dy is None else dy
+      dloss = tf.zeros_like(loss) if dloss is None else dloss
+      with tf.control_dependencies([dy, dloss]):  # re-run only once the gradient got here
+        replay_inputs = [tf.identity(t) for t in args]
+      with tf1.variable_scope(scope, reuse=True), tf.name_scope("recompute"):
+        y2, loss2 = fn(*replay_inputs, replay=True)
+      variables = list(variables or [])
+      subs = substitutes() if substitutes is not None else {}
+      sub_tensors = [subs.get(v.ref()) for v in variables]
+      extra = [t for t in sub_tensors if t is not None]
+      grads = tf.gradients([y2, loss2], replay_inputs + variables + extra, [dy, dloss])
+      input_grads = grads[:len(args)]
+      var_grads = grads[len(args):len(args) + len(variables)]
+      extra_grads = iter(grads[len(args) + len(variables):])
+      var_grads = [g if t is None else _add(g, next(extra_grads))
+                   for g, t in zip(var_grads, sub_tensors)]
+      return input_grads, var_grads
+
+    return (y, loss), grad
+
+  return block(*inputs)

@@ -1,0 +1,187 @@
+"""Per-device memory of one training step of the TF (T2T) model, by arithmetic (no TensorFlow).
+
+For `pg19_local_cluster8k` (the values of hparams/sets.py, checked against the registry by
+tests/test_memory_estimate.py) on one device holding one sequence (batch_size = length tokens),
+with and without `recompute_layers` and with float32 or bfloat16 activations:
+
+  params      trainable variables (float32)
+  grads       one float32 gradient per trainable variable
+  optimizer   Adafactor slots (beta1 = 0: factored second moments vr + vc for matrices, v for
+              vectors) and the k-means state (means, ema_count, ema_means)
+  activations the forward tensors the backward pass reads, counted per op as our TF graph
+              saves them (no fusion): per block its input, q/k/v, the local heads' key/value memory
+              blocks (block + flange), attention probabilities, the head_dense / output_transform
+              inputs, both post-norm LayerNorms, the FFN input and GEGLU's intermediates (gelu's
+              input, tanh and cdf, gelu output, the linear branch, their product); outside the
+              blocks the embeddings and the logits over the vocabulary (logits and the softmax the
+              cross-entropy gradient reads, float32).
+              With recompute: the block inputs (checkpoints) + one block's other activations (the
+              block being re-run) + the embeddings and logits.
+  total       params + grads + optimizer + activations
+
+bfloat16 activations: matmul inputs/outputs and GEGLU in bfloat16 (2 bytes), attention
+probabilities, LayerNorm statistics and the logits/softmax in float32 (the softmax, LayerNorm and
+loss stay float32). Boolean masks, scalars and transient buffers (the gradient of the tensor being
+differentiated, XLA scratch) are not counted: an estimate of what stays alive, not a bound.
+
+Usage: python scripts/memory_estimate.py [--vocab 32768] [--length 8192]
+"""
+import argparse
+
+GIB = 2.0 ** 30
+
+# hparams/sets.py: pg19_local_cluster8k (and sparse_transformer_local's defaults it keeps).
+PG19_LOCAL_CLUSTER8K = dict(
+    length=8192, hidden=1032, embedding=1032, filter=4096, layers=22, local_heads=6,
+    routing_heads=2, skip_first=21, clusters=16, window=512, block=256, flange=256,
+    max_relative_position=513, local_relative=True, routing_relative=True, head_dense=True,
+    ffn="geglu", ema=True)
+VOCAB = 32768  # the released vocabulary, vocab.pg19_length8k.32768.subwords
+
+
+def config_from_hparams(hp):
+  """The estimate's config from T2T hparams (for the test against the registry)."""
+  return dict(
+      length=hp.max_target_length or hp.max_length, hidden=hp.hidden_size,
+      embedding=hp.embedding_dims, filter=hp.filter_size, layers=hp.num_decoder_layers,
+      local_heads=hp.local_num_heads, routing_heads=hp.sparsity_cluster_num_heads,
+      skip_first=hp.sparsity_skip_first, clusters=hp.sparsity_cluster_size,
+      window=hp.sparsity_cluster_attention_window, block=hp.query_shape[0],
+      flange=hp.memory_flange[0], max_relative_position=hp.max_relative_position,
+      local_relative=hp.local_relative, routing_relative=hp.sparsity_cluster_relative,
+      head_dense=hp.head_dense, ffn=hp.ffn_layer, ema=hp.ema)
+
+
+def layer_heads(cfg, i):
+  """(routing heads, local heads, depth per head) of decoder layer i (as layers.head_counts)."""
+  heads = cfg["local_heads"] + cfg["routing_heads"]
+  routing = cfg["routing_heads"] if i >= cfg["skip_first"] else 0
+  return routing, heads - routing, cfg["hidden"] // heads
+
+
+def variable_shapes(cfg, vocab):
+  """[(name, shape, trainable)] of the decoder-only model's variables."""
+  h, e, f = cfg["hidden"], cfg["embedding"], cfg["filter"]
+  rel = 2 * cfg["max_relative_position"] + 1
+  shapes = [("embeddings/embedding", (vocab, e), True), ("emb_dense/kernel", (e, h), True),
+            ("emb_dense/bias", (h,), True)]
+  for i in range(cfg["layers"]):
+    routing, local, d = layer_heads(cfg, i)
+    p = "layer_%d/" % i
+    shapes += [(p + name, (h, h), True) for name in ("q", "k", "v", "output_transform")]
+    if cfg["head_dense"]:
+      shapes.append((p + "head_dense", (d, d), True))
+    if local and cfg["local_relative"] and cfg["max_relative_position"]:
+      shapes += [(p + "local/relative_" + kv, (rel, d), True) for kv in ("keys", "values")]
+    if routing:
+      if cfg["routing_relative"] and cfg["max_relative_position"]:
+        shapes += [(p + "routing/relative_" + kv, (rel, d), True) for kv in ("keys", "values")]
+      c = cfg["clusters"]
+      shapes += [(p + "routing/means", (routing, c, d), not cfg["ema"]),
+                 (p + "routing/ema_count", (routing, c), False),
+                 (p + "routing/ema_means", (routing, c, d), False)]
+    if cfg["ffn"] == "geglu":
+      shapes += [(p + "weight1", (h, f), True), (p + "weight2", (h, f), True),
+                 (p + "weight3", (f, h), True)]
+    else:
+      shapes += [(p + "conv1/kernel", (h, f), True), (p + "conv1/bias", (f,), True),
+                 (p + "conv2/kernel", (f, h), True), (p + "conv2/bias", (h,), True)]
+    shapes += [(p + "layer_norm_%d/%s" % (j, w), (h,), True) for j in (0, 1)
+               for w in ("scale", "bias")]
+  if h != e:
+    shapes += [("final_dense_1/kernel", (h, e), True), ("final_dense_1/bias", (e,), True)]
+  shapes += [("final_dense_2/kernel", (e, vocab), True), ("final_dense_2/bias", (vocab,), True)]
+  return shapes
+
+
+def _size(shape):
+  n = 1
+  for s in shape:
+    n *= s
+  return n
+
+
+def adafactor_slot_elements(shape):
+  """T2T Adafactor with beta1 = 0: vr [..., rows] + vc [..., cols] for rank >= 2, else v."""
+  if len(shape) >= 2:
+    return _size(shape[:-1]) + _size(shape[:-2] + shape[-1:])
+  return _size(shape)
+
+
+def layer_activation_bytes(cfg, i, act, f32=4):
+  """{component: bytes} the backward pass of decoder block i reads (one sequence)."""
+  n, h, f = cfg["length"], cfg["hidden"], cfg["filter"]
+  routing, local, d = layer_heads(cfg, i)
+  memory_width = cfg["flange"] + cfg["block"]  # causal: the block and its flange
+  out = {
+      "block input": n * h * act,
+      "q, k, v": 3 * n * h * act,
+      "local key/value memory blocks": 2 * local * n * (memory_width // cfg["block"]) * d * act,
+      "local attention probabilities": local * n * memory_width * f32,
+      "routing q_hat and gathered q, v": routing * 3 * n * d * act if routing else 0,
+      "routing attention probabilities": (routing * cfg["clusters"] * cfg["window"] ** 2 * f32
+                                          if routing else 0),
+      "head_dense / output_transform inputs": 2 * n * h * act,
+      "post-norm LayerNorms": 2 * 2 * n * h * f32,
+      "ffn input": n * h * act,
+      "ffn intermediates": (6 if cfg["ffn"] == "geglu" else 2) * n * f * act,
+  }
+  return out
+
+
+def outside_activation_bytes(cfg, vocab, act, f32=4):
+  n = cfg["length"]
+  return {"embeddings": 2 * n * cfg["embedding"] * act,
+          "final_dense input": n * cfg["embedding"] * act,
+          "logits and softmax (float32)": 2 * n * vocab * f32}
+
+
+def estimate(cfg, vocab=VOCAB, recompute=False, bf16=False):
+  """Bytes per device of one training step; see the module docstring."""
+  act = 2 if bf16 else 4
+  shapes = variable_shapes(cfg, vocab)
+  params = sum(_size(s) for _, s, trainable in shapes if trainable) * 4
+  slots = sum(adafactor_slot_elements(s) for _, s, trainable in shapes if trainable) * 4
+  kmeans = sum(_size(s) for _, s, trainable in shapes if not trainable) * 4
+  layers = [layer_activation_bytes(cfg, i, act) for i in range(cfg["layers"])]
+  outside = sum(outside_activation_bytes(cfg, vocab, act).values())
+  checkpoints = sum(layer["block input"] for layer in layers)
+  # The block being re-run: everything it saves but its input (already a checkpoint).
+  one_layer = max(sum(layer.values()) - layer["block input"] for layer in layers)
+  if recompute:
+    blocks = checkpoints + one_layer
+  else:
+    blocks = sum(sum(layer.values()) for layer in layers)
+  activations = blocks + outside
+  return dict(params=params, grads=params, optimizer=slots + kmeans, adafactor=slots,
+              kmeans=kmeans, block_activations=blocks, outside_activations=outside,
+              activations=activations, checkpoints=checkpoints if recompute else 0,
+              one_layer=one_layer, total=2 * params + slots + kmeans + activations,
+              parameters=params // 4)
+
+
+def main(argv=None):
+  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  parser.add_argument("--vocab", type=int, default=VOCAB)
+  parser.add_argument("--length", type=int, default=PG19_LOCAL_CLUSTER8K["length"])
+  args = parser.parse_args(argv)
+  cfg = dict(PG19_LOCAL_CLUSTER8K, length=args.length)
+  print("pg19_local_cluster8k, one sequence of %d tokens per device, vocab %d (%s parameters)"
+        % (cfg["length"], args.vocab,
+           "{:,}".format(estimate(cfg, args.vocab)["parameters"])))
+  print("\n| recompute_layers | activations | params | grads | Adafactor + k-means | "
+        "activations (blocks + outside) | total GiB |\n|---|---|---|---|---|---|---|")
+  for recompute in (False, True):
+    for bf16 in (False, True):
+      e = estimate(cfg, args.vocab, recompute, bf16)
+      print("| %s | %s | %.2f | %.2f | %.3f | %.2f (%.2f + %.2f) | **%.2f** |" % (
+          recompute, "bfloat16" if bf16 else "float32", e["params"] / GIB, e["grads"] / GIB,
+          e["optimizer"] / GIB, e["activations"] / GIB, e["block_activations"] / GIB,
+          e["outside_activations"] / GIB, e["total"] / GIB))
+  print("\nOne block's activations (float32):")
+  for name, value in layer_activation_bytes(cfg, cfg["layers"] - 1, 4).items():
+    print("  %-40s %8.1f MiB" % (name, value / 2.0 ** 20))
+
+
+if __name__ == "__main__":
+  main()

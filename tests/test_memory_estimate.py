@@ -1,0 +1,66 @@
+"""scripts/memory_estimate.py: its config is the registered set, its variables are the model's,
+and its totals add up (recompute keeps the checkpoints and one block; bfloat16 halves the rest)."""
+import os
+import sys
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                "scripts"))
+import memory_estimate  # pylint: disable=g-import-not-at-top,wrong-import-position
+from test_model import EVAL, VOCAB, build, random_targets, small_hparams  # pylint: disable=g-import-not-at-top,wrong-import-position
+
+tf1 = tf.compat.v1
+
+
+def test_config_is_the_registered_set():
+  import hparams  # pylint: disable=g-import-not-at-top,unused-import
+  from tensor2tensor.utils import registry  # pylint: disable=g-import-not-at-top
+  hp = registry.hparams("pg19_local_cluster8k")
+  assert memory_estimate.config_from_hparams(hp) == memory_estimate.PG19_LOCAL_CLUSTER8K
+
+
+def test_variables_are_the_models(rng):
+  hp = small_hparams()
+  cfg = memory_estimate.config_from_hparams(hp)
+  with tf.Graph().as_default():
+    build(hp, EVAL, {"targets": random_targets(rng)})
+    built = {True: [v.shape.as_list() for v in tf1.trainable_variables()],
+             False: [v.shape.as_list() for v in tf1.global_variables()
+                     if v not in tf1.trainable_variables()]}
+  for trainable in (True, False):
+    ours = [list(s) for _, s, t in memory_estimate.variable_shapes(cfg, VOCAB) if t == trainable]
+    assert sorted(ours) == sorted(built[trainable])
+
+
+@pytest.mark.parametrize("bf16", [False, True])
+def test_totals_add_up(bf16):
+  cfg = memory_estimate.PG19_LOCAL_CLUSTER8K
+  plain = memory_estimate.estimate(cfg, recompute=False, bf16=bf16)
+  recompute = memory_estimate.estimate(cfg, recompute=True, bf16=bf16)
+  act = 2 if bf16 else 4
+  for e in (plain, recompute):
+    assert e["total"] == e["params"] + e["grads"] + e["optimizer"] + e["activations"]
+    assert e["activations"] == e["block_activations"] + e["outside_activations"]
+    assert e["params"] == e["grads"] == 4 * e["parameters"]
+  layers = [memory_estimate.layer_activation_bytes(cfg, i, act) for i in range(cfg["layers"])]
+  assert plain["block_activations"] == sum(sum(layer.values()) for layer in layers)
+  checkpoints = cfg["layers"] * cfg["length"] * cfg["hidden"] * act
+  assert recompute["checkpoints"] == checkpoints
+  assert recompute["block_activations"] == checkpoints + recompute["one_layer"]
+  assert recompute["one_layer"] == max(sum(x.values()) - x["block input"] for x in layers)
+  assert recompute["outside_activations"] == plain["outside_activations"]
+  assert recompute["block_activations"] < plain["block_activations"] / 10
+
+
+def test_bfloat16_halves_only_the_bfloat16_tensors():
+  cfg = memory_estimate.PG19_LOCAL_CLUSTER8K
+  f32 = memory_estimate.layer_activation_bytes(cfg, 0, 4)
+  b16 = memory_estimate.layer_activation_bytes(cfg, 0, 2)
+  for name in f32:
+    kept = "probabilities" in name or "LayerNorm" in name
+    np.testing.assert_equal(b16[name], f32[name] if kept else f32[name] / 2)
+  assert memory_estimate.estimate(cfg, bf16=True)["params"] == memory_estimate.estimate(
+      cfg)["params"]

@@ -1,0 +1,113 @@
+"""recompute_layers: the same training step (gradients, loss, one k-means EMA update) with each
+block's activations recomputed in the backward pass, also under XLA (jit_scope)."""
+import contextlib
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from routing_transformer import model as model_lib
+from test_model import TRAIN, VOCAB, build, random_targets, small_hparams
+
+tf1 = tf.compat.v1
+KMEANS = ("/means:0", "/ema_count:0", "/ema_means:0")
+LENGTH = 32
+
+
+def tiny_hparams(**overrides):
+  """2 layers (the second with 2 routing heads of 4 clusters x 8), length 32, hidden 16."""
+  h = small_hparams(max_length=LENGTH, max_target_length=LENGTH, hidden_size=16,
+                    embedding_dims=16, filter_size=32, sparsity_cluster_attention_window=8,
+                    query_shape=(8,), memory_flange=(8,), memory_query_shape=(8,),
+                    max_relative_position=9)
+  for key, value in overrides.items():
+    setattr(h, key, value)
+  return h
+
+
+def _step(hparams, features, initial=None, xla=False):
+  """One step in a fresh graph: (values of every variable before, loss, gradients by variable
+  name, k-means variables after, the graph)."""
+  graph = tf.Graph()
+  with graph.as_default():
+    with tf.xla.experimental.jit_scope() if xla else contextlib.nullcontext():
+      _, losses = build(hparams, TRAIN, features, input_vocab=VOCAB)
+      loss = losses["training"] + losses["extra_loss"]
+      variables = tf1.trainable_variables()
+      grads = [tf.convert_to_tensor(g) for g in tf1.gradients(loss, variables)]
+    kmeans = {v.name: v for v in tf1.global_variables() if v.name.endswith(KMEANS)}
+    every = {v.name: v for v in tf1.global_variables()}
+    # Few session.run signatures (each one prunes and optimises the graph again): the initial
+    # values go in as feeds of the initializers' inputs, the variables come out in one fetch.
+    feeds = {} if initial is None else {
+        v.initializer.inputs[1]: initial[name] for name, v in every.items()}
+    with tf1.Session() as sess:
+      sess.run(tf1.global_variables_initializer(), feeds)
+      before = sess.run(every)
+      metadata = tf1.RunMetadata()
+      loss_value, grad_values = sess.run(  # also runs the centroid update
+          [loss, grads], options=tf1.RunOptions(output_partition_graphs=True),
+          run_metadata=metadata)
+      after = sess.run(kmeans)
+  compiled = [n for g in metadata.partition_graphs for n in g.node if n.op == "_XlaRun"]
+  assert bool(compiled) == xla  # jit_scope really compiled clusters with XLA
+  grads = {v.name: g for v, g in zip(variables, grad_values)}
+  return before, loss_value, grads, after, graph
+
+
+def _consumers_of(graph, suffix):
+  """Ops using the handle of the variables named *suffix, except their initializers."""
+  handles = [op.outputs[0] for op in graph.get_operations()
+             if op.type == "VarHandleOp" and op.name.endswith(suffix)]
+  return [c for h in handles for c in h.consumers() if c.name != h.op.name + "/Assign"]
+
+
+# Each case builds and runs the step twice (a few seconds each); XLA compiles both.
+CASES = [
+    ("encoder_decoder", False, dict(num_encoder_layers=1)),
+    ("separate_keys_no_ema_xla", True, dict(share_qk=False, ema=False)),
+]
+
+
+@pytest.mark.parametrize("case,xla,overrides", CASES, ids=[c[0] for c in CASES])
+def test_recompute_equals_the_plain_step(rng, case, xla, overrides):
+  del case
+  features = {"targets": random_targets(rng, length=LENGTH, pad_from=28)}
+  if overrides.get("num_encoder_layers"):
+    features["inputs"] = random_targets(rng, length=LENGTH, pad_from=20)
+  before, loss, grads, after, _ = _step(tiny_hparams(**overrides), features, xla=xla)
+  before2, loss2, grads2, after2, graph = _step(
+      tiny_hparams(recompute_layers=True, **overrides), features, before, xla=xla)
+  assert set(before2) == set(before)  # recompute creates no variables
+  np.testing.assert_allclose(loss2, loss, rtol=1e-6)
+  assert set(grads2) == set(grads) and len(grads) > 10
+  for name, g in grads.items():
+    np.testing.assert_allclose(grads2[name], g, rtol=1e-5, atol=1e-6, err_msg=name)
+  assert set(after2) == set(after) and after
+  for name, value in after.items():  # one EMA step from the same statistics
+    np.testing.assert_allclose(after2[name], value, rtol=1e-5, atol=1e-7, err_msg=name)
+    if overrides.get("ema", True) or not name.endswith("/means:0"):
+      assert np.abs(value - before[name]).max() > 0, name  # the update ran
+  # The update is built once per layer, and the backward replay reads no centroid variable.
+  for suffix in KMEANS[1:]:
+    writes = [op for op in _consumers_of(graph, suffix.replace(":0", ""))
+              if op.type == "AssignVariableOp"]
+    assert len(writes) == 1, (suffix, writes)
+  if overrides.get("ema", True):
+    assert not [op.name for op in _consumers_of(graph, "/means") if "recompute" in op.name]
+  else:  # trainable means: the codebook loss reads them (no EMA writes them)
+    assert [op for op in _consumers_of(graph, "/means") if op.type == "AssignVariableOp"] == []
+
+
+def test_recompute_refuses_random_numbers_inside_blocks(rng):
+  with tf.Graph().as_default():
+    with pytest.raises(model_lib.HParamsError, match="relu_dropout"):
+      build(tiny_hparams(recompute_layers=True, relu_dropout=0.1), TRAIN,
+            {"targets": random_targets(rng, length=LENGTH)})
+
+
+def test_recompute_is_off_by_default_and_ignored_outside_training(rng):
+  assert small_hparams().recompute_layers is False
+  with tf.Graph().as_default():
+    build(tiny_hparams(recompute_layers=True, relu_dropout=0.1),
+          tf.estimator.ModeKeys.EVAL, {"targets": random_targets(rng, length=LENGTH)})
