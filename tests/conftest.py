@@ -132,3 +132,15 @@ def trained_run(synthetic_data_dir, tmp_path_factory):
   out, run = shared_dir(tmp_path_factory, "trained_run", train)
   assert run["returncode"] == 0, run["stderr"][-4000:]
   return out, run["stderr"]
+
+
+@pytest.fixture
+def data_dir(synthetic_data_dir):
+  """The shared synthetic dataset (a module may define its own `data_dir`)."""
+  return synthetic_data_dir
+
+
+@pytest.fixture
+def trained(trained_run):
+  """The shared trained run (a module may define its own `trained`)."""
+  return trained_run

@@ -17,11 +17,6 @@ pytestmark = pytest.mark.slow
 DECAY = 0.999  # routing_transformer_tiny's EMA decay (hparams `decay`)
 
 
-@pytest.fixture
-def data_dir(synthetic_data_dir):
-  return synthetic_data_dir
-
-
 def trainer_cmd(data_dir, out, steps):
   return [os.path.join(BIN, "t2t-trainer"),
           "--t2t_usr_dir=" + os.path.join(ROOT, "t2t_usr_dir"),

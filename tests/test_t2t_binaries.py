@@ -15,16 +15,6 @@ pytestmark = pytest.mark.slow
 t2t = run_t2t
 
 
-@pytest.fixture
-def data_dir(synthetic_data_dir):
-  return synthetic_data_dir
-
-
-@pytest.fixture
-def trained(trained_run):
-  return trained_run
-
-
 def test_registry_lists_everything():
   run = t2t("t2t-trainer", "--registry_help")
   text = run.stdout + run.stderr

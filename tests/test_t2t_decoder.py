@@ -11,16 +11,6 @@ pytestmark = pytest.mark.slow
 t2t = run_t2t
 
 
-@pytest.fixture
-def data_dir(synthetic_data_dir):
-  return synthetic_data_dir
-
-
-@pytest.fixture
-def trained(trained_run):
-  return trained_run
-
-
 def decode(trained_dir, data_dir, prompts_file, out_file, decode_hparams, timeout=300):
   return t2t("t2t-decoder", "--problem=synthetic_long_range", "--model=routing_transformer",
              "--hparams_set=routing_transformer_tiny", "--data_dir=" + data_dir,

@@ -11,11 +11,6 @@ pytestmark = pytest.mark.slow
 t2t = run_t2t
 
 
-@pytest.fixture
-def data_dir(synthetic_data_dir):
-  return synthetic_data_dir
-
-
 @pytest.mark.parametrize("flags", [
     ["--use_tpu_estimator", "--iterations_per_loop=3", "--cloud_tpu_name=", "--schedule=train",
      "--hparams=tpu_enable_host_call=True"],
