@@ -124,6 +124,7 @@ class LanguageModelProblem(RecordsCheck, problem.Problem):
                                  "%s %s" % (name, split), self.unit_name,
                                  shuffle=split == "train")
       tf.logging.info("%s %s: %s", name, split, stats)
+    shards.remove_if_empty(shards.side_dir(data_dir, name, "incomplete"))  # left by older runs
 
   def split_stats(self, data_dir, split):
     """Summed per-shard statistics of a generated split (tokens, examples, words, ...)."""

@@ -4,7 +4,8 @@ A shard appears under its final name (`<name>-<split>-0000i-of-0000N`, the names
 once it is complete: it is written under `<data_dir>/<name>-incomplete/` and renamed at the end,
 after its statistics (`<data_dir>/<name>-stats/<shard>.json`) are stored. An interrupted datagen
 therefore leaves no file that training could mistake for data, and a re-run writes only the
-shards that are missing. Neither side folder matches T2T's `<name>-<split>*` file pattern.
+shards that are missing; a finished split removes the empty `-incomplete` folder. Neither side
+folder matches T2T's `<name>-<split>*` file pattern.
 """
 import collections
 import json
@@ -121,7 +122,15 @@ def write_split(shard_paths, name, units, encode_unit, what, unit_name="units", 
     atomic_write(stats_path(path, name), json.dumps(dict(stats), sort_keys=True))
     tf.io.gfile.rename(tmp, path, overwrite=True)
   progress.update(0, 0, len(shard_paths) - 1, len(shard_paths), force=True)
+  remove_if_empty(side_dir(data_dir, name, "incomplete"))
   return split_stats(shard_paths, name)
+
+
+def remove_if_empty(directory):
+  """Removes `directory` when nothing is left in it (a split's shards all renamed out; the next
+  split or an interrupted run's re-run makes it again)."""
+  if tf.io.gfile.isdir(directory) and not tf.io.gfile.listdir(directory):
+    tf.io.gfile.rmtree(directory)
 
 
 def check_sizes(shard_paths, name):

@@ -7,8 +7,9 @@ Jensen-Shannon divergence between heads (paper Table 6) of a trained checkpoint.
 `--problem`, `--data_dir` and `--hparams_set` default to the values t2t-trainer recorded in
 RUN/flags_t2t.txt; hparams.json in RUN is applied as t2t-trainer does; `--t2t_usr_dir` registers
 a user's own problems and hparams sets. Writes into output_dir:
-  attention_patterns.png  one local and one routing head of the top routing layer on the first
-                          sequence: rows are outputs, columns inputs, colour = cluster
+  attention_patterns.png  the top routing layer on the first sequence: a local head's attention
+                          weights, a routing head's support (colour = cluster) and its weights
+                          (log colour scale); the layer's head focus in the title
   cluster_occupancy.png   per routing layer and head, the share of positions whose nearest
                           centroid is each cluster (dashed: uniform 1/c)
   head_js.png, head_js.md per layer, the mean JS divergence (nats, at most ln 2 = 0.6931) between
@@ -365,37 +366,67 @@ def js_markdown(table):
       "in parentheses the number of head pairs.\n" % LN2)
 
 
-def plot_patterns(ids, records, path, sequence=0):
-  """Figure 1: one local and one routing head (top routing layer, or the top layer)."""
+def focus_title(focus):
+  """The head-focus numbers of one layer in a line: `routing heads: 37% of the weight on the query
+  itself, 12% of queries in no cluster; local heads: 21% on itself`."""
+  parts = []
+  for kind in ("routing", "local"):
+    if kind in focus:
+      text = "%s heads: %.0f%% of the weight on the query itself" % (kind, 100 * focus[kind]["self"])
+      if kind == "routing":
+        text += ", %.0f%% of queries in no cluster" % (100 * focus[kind]["unattended"])
+      parts.append(text)
+  return "; ".join(parts)
+
+
+def plot_patterns(ids, records, path, sequence=0, focus=None):
+  """Figure 1 with weights: for the top routing layer (or the top layer), the attention weights
+  of one local head, the support of one routing head (colour = cluster) and that routing head's
+  weights; weights on a log colour scale, white where a key gets none. Bottom row: the last 96
+  positions. The suptitle has the layer's head focus over all eval sequences (`focus`: the
+  focus_table, computed when not given)."""
+  from matplotlib import colors  # pylint: disable=g-import-not-at-top
   plt = curves.pyplot()
   layers = layer_heads(records)
   routing_layers = [layer for layer, (_, _, r) in layers.items() if r is not None]
   layer = routing_layers[-1] if routing_layers else max(layers)
   probs, kinds, routing = layers[layer]
   n = probs.shape[-1]
-  panels = []
+  weights, _ = normalise_rows(probs[sequence])  # [h, n, n]
+  panels = []  # (title, image or weights, is_weights)
   if "local" in kinds:
-    local = probs[sequence, kinds.index("local")] > 0
-    panels.append(("local head (layer %d)" % layer, np.where(local, 0, -1), 1))
+    panels.append(("local head: attention weights", weights[kinds.index("local")], True))
   if routing is not None:
-    colours = cluster_colours(routing, n, sequence)
-    panels.append(("routing head (layer %d, %d clusters)" % (
-        layer, routing["centroids"].shape[1]), colours, routing["centroids"].shape[1]))
-  zoom = min(n, 96)
-  fig, axes = plt.subplots(2, len(panels), figsize=(5.5 * len(panels), 11), squeeze=False)
-  for column, (title, colours, count) in enumerate(panels):
+    count = routing["centroids"].shape[1]
     cmap = plt.get_cmap("tab20" if count > 10 else "tab10")
+    colours = cluster_colours(routing, n, sequence)
     image = np.ones([n, n, 3])
     for c in range(count):
-      image[colours == c] = cmap(c % cmap.N)[:3] if count > 1 else (0.2, 0.2, 0.2)
-    for row, (start, label) in enumerate(((0, ""), (n - zoom, ", zoom on the last %d" % zoom))):
+      image[colours == c] = cmap(c % cmap.N)[:3]
+    panels.append(("routing head: which keys it may see\n(colour = cluster, %d clusters)" % count,
+                   image, False))
+    panels.append(("routing head: attention weights", weights[kinds.index("routing")], True))
+  focus = (focus or focus_table(ids, records))[layer]
+  zoom = min(n, 96)
+  norm = colors.LogNorm(vmin=1e-4, vmax=1.0)
+  weight_cmap = plt.get_cmap("viridis").copy()
+  weight_cmap.set_bad("white")
+  fig, axes = plt.subplots(2, len(panels), figsize=(5.2 * len(panels), 10.5), squeeze=False)
+  for column, (title, data, is_weights) in enumerate(panels):
+    for row, (start, label) in enumerate(((0, ""), (n - zoom, "\nzoom on the last %d" % zoom))):
       ax = axes[row][column]
-      ax.imshow(image[start:, start:], interpolation="nearest",
-                extent=(start - 0.5, n - 0.5, n - 0.5, start - 0.5))
-      ax.set_title(title + label)
-      ax.set_xlabel("input position j")
-      ax.set_ylabel("output position i")
-  fig.suptitle("Which inputs each output attends to (sequence %d; colour = cluster)" % sequence)
+      extent = (start - 0.5, n - 0.5, n - 0.5, start - 0.5)
+      if is_weights:
+        shown = np.ma.masked_less_equal(data[start:, start:], 0.0)
+        im = ax.imshow(shown, norm=norm, cmap=weight_cmap, interpolation="nearest", extent=extent)
+        fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04, label="weight (log scale)")
+      else:
+        ax.imshow(data[start:, start:], interpolation="nearest", extent=extent)
+      ax.set_title(title + label, fontsize=10)
+      ax.set_xlabel("key position j")
+      ax.set_ylabel("query position i")
+  fig.suptitle("Layer %d, sequence %d: where each query's attention goes\n%s" % (
+      layer, sequence, focus_title(focus)), fontsize=11)
   fig.tight_layout()
   fig.savefig(path, dpi=110)
   plt.close(fig)
@@ -453,7 +484,7 @@ def analyse(checkpoint_dir, output_dir=None, **kwargs):
   ids, records = collect(checkpoint_dir, **kwargs)
   table = js_table(ids, records)
   focus = focus_table(ids, records)
-  plot_patterns(ids, records, os.path.join(output_dir, "attention_patterns.png"))
+  plot_patterns(ids, records, os.path.join(output_dir, "attention_patterns.png"), focus=focus)
   shares = plot_occupancy(ids, records, os.path.join(output_dir, "cluster_occupancy.png"))
   plot_js(table, os.path.join(output_dir, "head_js.png"))
   markdown = js_markdown(table)

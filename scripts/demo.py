@@ -5,7 +5,7 @@
 2. t2t-datagen --problem=pg19_length2k: a 4,096-subword vocabulary, examples of <= 2,048 subwords;
 3. t2t-trainer: a tiny routing model (`pg19_local_cluster_tiny2k`) and the same model with local
    heads only (`pg19_local_tiny2k`), the same steps on the same data, evaluated on the
-   validation books;
+   validation books a few times during training (a status line shows step, loss, speed, ETA);
 4. `routing_transformer.evaluate` on the test books: subword and word-level perplexity, bits/word;
 5. t2t-decoder: nucleus sampling (p = 0.8) of both models, continuing a prompt cut from a test
    book (Hamlet, just before "To be, or not to be");
@@ -13,7 +13,7 @@
    <output>/summary.{md,json}; the routing run's attention picture and head focus
    (`routing_transformer.analysis`) and both runs' training curves (<output>/curves.png).
 
-    .venv/bin/python scripts/demo.py [--steps 700] [--output demo_output]
+    .venv/bin/python scripts/demo.py [--steps 700] [--evaluations 4] [--output demo_output]
 """
 import argparse
 import json
@@ -21,13 +21,11 @@ import os
 import re
 import sys
 import time
-import warnings
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from t2t_runs import ROOT, eval_metrics, log, pictures, python_module, t2t, train, train_speed  # pylint: disable=g-import-not-at-top,wrong-import-position
+from t2t_runs import ROOT, eval_metrics, log, pictures, python_module, quiet_tensorflow, t2t, train, train_speed  # pylint: disable=g-import-not-at-top,wrong-import-position
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")  # this process: no TF start-up noise
-warnings.filterwarnings("ignore")
+quiet_tensorflow()  # this process reads event files and draws the pictures: no TF noise
 PROBLEM = "pg19_length2k"
 MODELS = [("routing", "pg19_local_cluster_tiny2k"), ("local", "pg19_local_tiny2k")]
 PROMPT_BOOK, PROMPT_BEFORE, PROMPT_WORDS = "hamlet", "To be, or not to be", 220
@@ -91,6 +89,8 @@ def main():
   parser.add_argument("--steps", type=int, default=700, help="training steps per model")
   parser.add_argument("--eval_steps", type=int, default=30,
                       help="validation batches (2 examples each; 30 covers the 3 books)")
+  parser.add_argument("--evaluations", type=int, default=4,
+                      help="evaluations per run, evenly spaced (T2T: at most one per 100 steps)")
   parser.add_argument("--sample_length", type=int, default=160, help="subwords to sample")
   parser.add_argument("--output", default=os.path.join(ROOT, "demo_output"))
   args = parser.parse_args()
@@ -122,9 +122,11 @@ def main():
   results = {}
   for i, (name, hparams_set) in enumerate(MODELS):
     run_dir = os.path.join(args.output, name)
-    log("t2t-trainer --hparams_set=%s: %d steps, then eval on the validation books (log: %s.log)"
-        % (hparams_set, args.steps, run_dir))
-    seconds = train(run_dir, PROBLEM, hparams_set, data_dir, args.steps, args.eval_steps)
+    eval_every = max(args.steps // max(args.evaluations, 1), 1)
+    log("t2t-trainer --hparams_set=%s: %d steps, eval on the validation books every %d (log: "
+        "%s.log)" % (hparams_set, args.steps, eval_every, run_dir))
+    seconds = train(run_dir, PROBLEM, hparams_set, data_dir, args.steps, args.eval_steps,
+                    eval_every=eval_every)
     metrics = eval_metrics(run_dir)
     metrics.update(hparams_set=hparams_set, train_seconds=seconds,
                    steps_per_sec=train_speed(run_dir))

@@ -1,7 +1,8 @@
 """`make demo-long-range`: routing vs local attention on the synthetic long-range recall task.
 
 1. t2t-datagen: the synthetic long-range recall problem (`synthetic_long_range`, no download);
-2. t2t-trainer: a tiny routing model and a tiny local-only model, same steps, then evaluation;
+2. t2t-trainer: a tiny routing model and a tiny local-only model, same steps, evaluated a few times
+   during training (a status line shows step, loss, speed, ETA);
 3. predictions for a few eval sequences: the values each model recalls at the far positions;
 4. t2t-decoder (cached decoding, greedy): each model continues the first 480 tokens of a few eval
    sequences (pairs + filler) and an empty prompt; generated `k v` pairs are scored against the
@@ -21,9 +22,9 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from t2t_runs import ROOT, eval_metrics, log, pictures, t2t, train, train_speed  # pylint: disable=g-import-not-at-top,wrong-import-position
+from t2t_runs import ROOT, eval_metrics, log, pictures, quiet_tensorflow, t2t, train, train_speed  # pylint: disable=g-import-not-at-top,wrong-import-position
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+quiet_tensorflow()  # this process predicts, reads event files and draws: no TF noise
 PROBLEM = "synthetic_long_range"
 MODELS = [("routing", "routing_transformer_tiny"), ("local", "local_transformer_tiny")]
 
@@ -93,6 +94,8 @@ def main():
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   parser.add_argument("--steps", type=int, default=2500, help="training steps per model")
   parser.add_argument("--eval_steps", type=int, default=25)
+  parser.add_argument("--evaluations", type=int, default=5,
+                      help="evaluations per run, evenly spaced (T2T: at most one per 100 steps)")
   parser.add_argument("--output", default=os.path.join(ROOT, "demo_output", "long_range"))
   args = parser.parse_args()
   data_dir = os.path.join(args.output, "data")
@@ -110,9 +113,11 @@ def main():
   results = {}
   for name, hparams_set in MODELS:
     run_dir = os.path.join(args.output, name)
-    log("t2t-trainer --model=routing_transformer --hparams_set=%s: %d steps, then eval "
-        "(log: %s.log)" % (hparams_set, args.steps, run_dir))
-    seconds = train(run_dir, PROBLEM, hparams_set, data_dir, args.steps, args.eval_steps)
+    eval_every = max(args.steps // max(args.evaluations, 1), 1)
+    log("t2t-trainer --model=routing_transformer --hparams_set=%s: %d steps, eval every %d "
+        "(log: %s.log)" % (hparams_set, args.steps, eval_every, run_dir))
+    seconds = train(run_dir, PROBLEM, hparams_set, data_dir, args.steps, args.eval_steps,
+                    eval_every=eval_every)
     metrics = eval_metrics(run_dir)
     metrics.update(train_seconds=seconds, steps_per_sec=train_speed(run_dir),
                    hparams_set=hparams_set)

@@ -172,6 +172,46 @@ def test_curves_read_runs_and_plot(tmp_path):
     curves.plot_runs([("a", str(tmp_path / "a"))], out, tag="accuracy")
 
 
+def test_curves_smooth_dense_log_points_on_event_wall_times(tmp_path):
+  write_run(str(tmp_path / "a"), [(0, 5.0), (100, 3.0), (200, 2.5)], 1000.0)
+  with tf.Graph().as_default():  # Estimator evaluated the last step twice: one point
+    writer = tf1.summary.FileWriter(str(tmp_path / "a" / "eval"))
+    summary = tf1.Summary(value=[tf1.Summary.Value(tag="loss", simple_value=2.75)])
+    writer.add_event(tf1.Event(wall_time=1500.0, step=200, summary=summary))
+    writer.close()
+  logged = [(0, 5.0), (50, 4.0), (100, 3.5), (150, 3.0), (200, 2.5)]
+  data = curves.plot_runs([("routing", str(tmp_path / "a"))], str(tmp_path / "c.png"),
+                          train_points={"routing": logged})
+  # wall times interpolated between the events' (step, wall_time): 1000 + 2 step
+  assert data["routing"]["train"] == [(s, 1000.0 + 2.0 * s, v) for s, v in logged]
+  assert [(s, v) for s, _, v in data["routing"]["eval"]] == [(200, 2.75)]
+  # span = 200 / 15 steps; 50 steps apart: a = exp(-3.75)
+  a = np.exp(-50 / (200 * curves.SPAN_FRACTION))
+  expected = [5.0]
+  for _, v in logged[1:]:
+    expected.append(a * expected[-1] + (1 - a) * v)
+  np.testing.assert_allclose(data["routing"]["smoothed"], expected)
+  table = curves.final_numbers(data)
+  assert table["routing"]["step"] == 200 and table["routing"]["evals"] == 1
+  assert table["routing"]["eval"] == pytest.approx(2.75)
+  assert "| routing | 200 | %.4f | 2.7500 (200) | 1 |" % expected[-1] in curves.final_markdown(table)
+
+
+def test_ema_over_uneven_steps_hand_numbers():
+  a1, a2 = np.exp(-1.0), np.exp(-2.0)  # span 10: steps 10 and 20 apart
+  first = a1 * 1.0 + (1 - a1) * 2.0
+  np.testing.assert_allclose(curves.ema([0, 10, 30], [1.0, 2.0, 4.0], 10.0),
+                             [1.0, first, a2 * first + (1 - a2) * 4.0])
+
+
+def test_focus_title_names_self_weight_and_unclustered_queries():
+  focus = {"local": {"self": 0.214, "unattended": 0.0},
+           "routing": {"self": 0.371, "unattended": 0.125}}
+  assert analysis.focus_title(focus) == (
+      "routing heads: 37% of the weight on the query itself, 12% of queries in no cluster; "
+      "local heads: 21% of the weight on the query itself")
+
+
 def test_head_focus_hand_numbers():
   probs = np.zeros([1, 2, 3, 3])
   probs[0, 0] = [[1, 0, 0], [0.5, 0.5, 0], [0.2, 0.3, 0.5]]  # local

@@ -180,3 +180,4 @@ def test_pg19_length2k_datagen_cuts_books_and_never_joins_them(pg19_2k):
   chunks = collections.Counter(int(r["book_id"][0]) for r in read_records(
       "pg19_length2k", data_dir, "test"))
   assert chunks[shakespeare.WORKS.index("hamlet") + 1] >= 2  # a long book is cut
+  assert not os.path.exists(os.path.join(data_dir, "pg19_length2k-incomplete"))  # no leftover

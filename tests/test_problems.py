@@ -262,6 +262,7 @@ def test_interrupted_datagen_leaves_no_shard_and_a_rerun_finishes(enwik8_data, t
                  for r in read_records("enwik8_length8k", enwik8_data["data_dir"], split))
     assert ours == ref
   assert problem.split_stats(str(out), "train")["bytes"] == 180000
+  assert not [p for p in os.listdir(str(out)) if p.endswith("-incomplete")]  # nothing left over
 
 
 # ----------------------------------------------------------------------------------- WikiText-103
