@@ -61,7 +61,10 @@ fi
 if [ ! -x "$VENV/bin/python" ]; then
   PYTHON=$(choose_python) || exit 1
   echo "setup: creating $VENV with $PYTHON and installing the pinned stack (a few minutes on a fresh machine)"
-  "$PYTHON" -m venv "$VENV"
+  "$PYTHON" -m venv "$VENV" > /dev/null 2>&1 || {
+    echo "setup: $PYTHON -m venv $VENV failed; on Debian/Ubuntu install python$NEED-venv, or use 'uv python install $NEED'" >&2
+    exit 1
+  }
 else
   echo "setup: installing the pinned stack into $VENV"
 fi

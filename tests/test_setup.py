@@ -122,3 +122,16 @@ def test_a_venv_of_the_wrong_python_is_rebuilt_then_left_alone(machine):
   assert any("-r requirements.txt -c constraints.txt" in c for c in calls)
   again = run(VENV=venv)
   assert again.returncode == 0 and again.stdout == "setup: %s is up to date\n" % venv
+
+
+def test_a_python_without_venv_support_is_named_with_the_package_to_install(machine):
+  home, run = machine
+  log = str(home / "log")
+  path = fake_python(str(home / "bin" / "python3.11"), "3.11", log)
+  with open(path) as f:  # Debian/Ubuntu without python3.11-venv: "ensurepip is not available"
+    text = f.read().replace('if [ "$2" = venv ]; then', 'if [ "$2" = venv ]; then exit 1;')
+  with open(path, "w") as f:
+    f.write(text)
+  result = run(VENV=str(home / "venv"))
+  assert result.returncode != 0 and result.stdout.startswith("setup: creating")
+  assert result.stderr.count("\n") == 1 and "install python3.11-venv" in result.stderr
