@@ -113,9 +113,10 @@ def main():
   results = {}
   for name, hparams_set in MODELS:
     run_dir = os.path.join(args.output, name)
-    eval_every = max(args.steps // max(args.evaluations, 1), 1)
+    # T2T saves a checkpoint, so evaluates, at most every 100 steps (and at the end)
+    eval_every = max(args.steps // max(args.evaluations, 1), 100)
     log("t2t-trainer --model=routing_transformer --hparams_set=%s: %d steps, eval every %d "
-        "(log: %s.log)" % (hparams_set, args.steps, eval_every, run_dir))
+        "steps and at the end (log: %s.log)" % (hparams_set, args.steps, eval_every, run_dir))
     seconds = train(run_dir, PROBLEM, hparams_set, data_dir, args.steps, args.eval_steps,
                     eval_every=eval_every)
     metrics = eval_metrics(run_dir)
