@@ -372,7 +372,8 @@ def focus_title(focus):
   parts = []
   for kind in ("routing", "local"):
     if kind in focus:
-      text = "%s heads: %.0f%% of the weight on the query itself" % (kind, 100 * focus[kind]["self"])
+      text = "%s heads: %.0f%% of the weight on the query itself" % (
+          kind, 100 * focus[kind]["self"])
       if kind == "routing":
         text += ", %.0f%% of queries in no cluster" % (100 * focus[kind]["unattended"])
       parts.append(text)

@@ -99,10 +99,9 @@ def pictures(output, problem, data_dir, model_names, title, num_sequences=None):
   _, markdown, out_dir = analysis.analyse(os.path.join(output, "routing"),
                                           os.path.join(output, "analysis"), problem=problem,
                                           data_dir=data_dir, **kwargs)
-  logs = {name: os.path.join(output, name + ".log") for name in model_names}
+  logged = {name: train_log_losses(os.path.join(output, name + ".log")) for name in model_names}
   data = curves.plot_runs([(name, os.path.join(output, name)) for name in model_names],
-                          os.path.join(output, "curves.png"),
-                          train_points={name: train_log_losses(path) for name, path in logs.items()})
+                          os.path.join(output, "curves.png"), train_points=logged)
   caption = ("![training curves](curves.png)\n\nTraining curves (curves.png): the training loss "
              "t2t-trainer logs every 10 steps (single batches, faint) and its moving average, and "
              "the evaluations during training (markers); final numbers:\n\n%s\n" % (

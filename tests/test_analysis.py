@@ -194,7 +194,8 @@ def test_curves_smooth_dense_log_points_on_event_wall_times(tmp_path):
   table = curves.final_numbers(data)
   assert table["routing"]["step"] == 200 and table["routing"]["evals"] == 1
   assert table["routing"]["eval"] == pytest.approx(2.75)
-  assert "| routing | 200 | %.4f | 2.7500 (200) | 1 |" % expected[-1] in curves.final_markdown(table)
+  row = "| routing | 200 | %.4f | 2.7500 (200) | 1 |" % expected[-1]
+  assert row in curves.final_markdown(table)
 
 
 def test_ema_over_uneven_steps_hand_numbers():

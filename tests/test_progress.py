@@ -16,7 +16,7 @@ I1125 10:37:27.713404 140293836086144 basic_session_run_hooks.py:265] loss = 8.3
 INFO:tensorflow:global_step/sec: 1.25
 I1125 10:37:35.713404 140293836086144 basic_session_run_hooks.py:260] global_step/sec: 1.25
 INFO:tensorflow:loss = 7.5, step = 11 (8.000 sec)
-I1125 10:37:35.713404 140293836086144 basic_session_run_hooks.py:263] loss = 7.5, step = 11 (8.000 sec)
+I1125 10:37:35.713404 1402938 basic_session_run_hooks.py:263] loss = 7.5, step = 11 (8.000 sec)
 """
 EVAL = """INFO:tensorflow:Starting evaluation at 2026-11-25T10:38:04
 I1125 10:38:04.895496 140293836086144 evaluation.py:250] Starting evaluation at 2026-11-25T10:38:04
