@@ -4,6 +4,8 @@ import io
 import os
 import sys
 
+import pytest
+
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                                 "scripts"))
 import progress  # pylint: disable=g-import-not-at-top,wrong-import-position
@@ -109,3 +111,29 @@ def test_terminal_output_rewrites_one_line():
 def test_clock():
   assert [progress.clock(s) for s in (0, 59.6, 65, 3600, 3725)] == [
       "0:00", "1:00", "1:05", "1:00:00", "1:02:05"]
+
+
+def test_run_logged_follows_the_log_of_a_running_binary(tmp_path, monkeypatch):
+  import t2t_runs  # pylint: disable=g-import-not-at-top
+  monkeypatch.setattr(t2t_runs, "POLL_SECONDS", 0.02)
+  fake = tmp_path / "fake_trainer.py"  # writes the sample log in two parts, a moment apart
+  fake.write_text("import sys, time\nlog = open(sys.argv[1]).read()\n"
+                  "half = log.index('INFO:tensorflow:global')\n"
+                  "sys.stderr.write(log[:half]); sys.stderr.flush(); time.sleep(0.3)\n"
+                  "sys.stdout.write(log[half:]); sys.stdout.flush(); time.sleep(0.3)\n"
+                  "sys.exit(int(sys.argv[2]))\n")
+  sample = tmp_path / "sample.log"
+  sample.write_text(LOG)
+  out, logfile = io.StringIO(), str(tmp_path / "run.log")
+  watch = progress.Watch("routing", 100, stream=out, plain_every=0.1)
+  t2t_runs.run_logged([sys.executable, str(fake), str(sample), "0"], logfile, "t2t-trainer",
+                      watch)
+  with open(logfile) as f:
+    assert f.read() == LOG  # the whole log stays in the file
+  lines = out.getvalue().splitlines()
+  assert any(l.startswith("routing: step 1/100 (1%), loss 8.322 [") for l in lines)
+  assert lines[-1].startswith("routing: 11/100 steps in ") and "last loss 7.500" in lines[-1]
+  with pytest.raises(SystemExit, match=r"(?s)t2t-trainer failed \(exit 3\); last lines of .*"
+                                       r"loss = 7.5, step = 11"):
+    t2t_runs.run_logged([sys.executable, str(fake), str(sample), "3"], logfile, "t2t-trainer",
+                        progress.Watch("routing", 100, stream=io.StringIO()))
