@@ -19,6 +19,8 @@ SPEED = re.compile(r"global_step/sec: ([-+0-9.eE]+|nan|inf)")
 EVALUATION = re.compile(r"Evaluation \[(\d+)/(\d+)\]")
 EVAL_START = "Starting evaluation at"
 EVAL_DONE = re.compile(r"Saving dict for global step (\d+)")
+SESSION_READY = "Graph was finalized"  # the training graph is built; the first steps follow
+SHARD_NOTE = re.compile(r"(?:INFO:tensorflow:|\] )(.+: shard \d+/\d+, .*)$")  # datagen progress
 
 
 def train_losses(text):
@@ -41,6 +43,8 @@ class TrainerState(object):
     self.speed = None  # last global_step/sec
     self.evaluation = None  # (batches done, batches) while evaluating, else None
     self.evaluated = set()  # steps evaluated (Estimator may evaluate the last one twice)
+    self.session_ready = False  # the training graph is built
+    self.note = None  # the last datagen progress line (problems/shards.py)
     self._partial = ""
 
   def feed(self, text):
@@ -54,7 +58,8 @@ class TrainerState(object):
     return changed
 
   def read_line(self, line):
-    before = (self.step, self.loss, self.speed, self.evaluation, len(self.evaluated))
+    before = (self.step, self.loss, self.speed, self.evaluation, len(self.evaluated),
+              self.session_ready, self.note)
     match = LOSS.search(line)
     if match:
       self.loss, self.step = float(match.group(1)), int(match.group(2))
@@ -71,7 +76,13 @@ class TrainerState(object):
     if match:
       self.evaluation = None
       self.evaluated.add(int(match.group(1)))
-    return before != (self.step, self.loss, self.speed, self.evaluation, len(self.evaluated))
+    if SESSION_READY in line:
+      self.session_ready = True
+    match = SHARD_NOTE.search(line)
+    if match:
+      self.note = match.group(1)
+    return before != (self.step, self.loss, self.speed, self.evaluation, len(self.evaluated),
+                      self.session_ready, self.note)
 
 
 def clock(seconds):
@@ -86,13 +97,13 @@ def status_line(name, state, total_steps, elapsed):
   """One line: `routing: step 340/700 (48%), loss 5.12, 1.52 steps/s, ETA 3:57 [2:41]`; for a
   binary without steps (total_steps None) `t2t-datagen: running [0:40]`."""
   if total_steps is None:
-    what = "running"
+    what = "running" + (", " + state.note if state.note else "")
   elif state.evaluation is not None:
     done, batches = state.evaluation
     what = "evaluating%s at step %s" % (
         " %d/%d" % (done, batches) if batches else "", state.step)
   elif state.step is None:
-    what = "building the model"
+    what = "running the first step" if state.session_ready else "building the model"
   else:
     what = "step %d/%d (%d%%)" % (state.step, total_steps, 100 * state.step // max(total_steps, 1))
     if state.loss is not None:

@@ -49,6 +49,9 @@ def test_status_line_training_evaluating_and_final():
   state = progress.TrainerState()
   assert progress.status_line("routing", state, 700, 12) == (
       "routing: building the model [0:12]")
+  state.feed("I1125 10:36:55.355715 1402 monitored_session.py:240] Graph was finalized.\n")
+  assert progress.status_line("routing", state, 700, 40) == (
+      "routing: running the first step [0:40]")
   state.feed(LOG)
   # (700 - 11) / 1.25 = 551.2 s
   assert progress.status_line("routing", state, 700, 75) == (
@@ -61,6 +64,11 @@ def test_status_line_training_evaluating_and_final():
   assert progress.final_line("routing", state, 700, 3725) == (
       "routing: 11/700 steps in 1:02:05 (0.00 steps/s), last loss 7.500, 1 evaluation")
   assert progress.status_line("t2t-datagen", state, None, 40) == "t2t-datagen: running [0:40]"
+  state.feed("I1125 11:01:57.504547 1397 shards.py:79] pg19_length2k train: shard 10/10, "
+             "36/36 books, 1269579 tokens, 198793 tokens/s\n")
+  assert progress.status_line("t2t-datagen", state, None, 41) == (
+      "t2t-datagen: running, pg19_length2k train: shard 10/10, 36/36 books, 1269579 tokens, "
+      "198793 tokens/s [0:41]")
 
 
 class FakeClock(object):
