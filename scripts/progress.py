@@ -19,6 +19,7 @@ SPEED = re.compile(r"global_step/sec: ([-+0-9.eE]+|nan|inf)")
 EVALUATION = re.compile(r"Evaluation \[(\d+)/(\d+)\]")
 EVAL_START = "Starting evaluation at"
 EVAL_DONE = re.compile(r"Saving dict for global step (\d+)")
+CHECKPOINT = re.compile(r"Saving checkpoints for (\d+) into")  # the step evaluations read
 SESSION_READY = "Graph was finalized"  # the training graph is built; the first steps follow
 SHARD_NOTE = re.compile(r"(?:INFO:tensorflow:|\] )(.+: shard \d+/\d+, .*)$")  # datagen progress
 
@@ -64,6 +65,9 @@ class TrainerState(object):
     if match:
       self.loss, self.step = float(match.group(1)), int(match.group(2))
       self.evaluation = None
+    match = CHECKPOINT.search(line)
+    if match:
+      self.step = max(self.step or 0, int(match.group(1)))
     match = SPEED.search(line)
     if match:
       self.speed = float(match.group(1))
@@ -102,12 +106,11 @@ def status_line(name, state, total_steps, elapsed):
     done, batches = state.evaluation
     what = "evaluating%s at step %s" % (
         " %d/%d" % (done, batches) if batches else "", state.step)
-  elif state.step is None:
+  elif state.loss is None:  # (a checkpoint of step 0 is saved before the first step)
     what = "running the first step" if state.session_ready else "building the model"
   else:
-    what = "step %d/%d (%d%%)" % (state.step, total_steps, 100 * state.step // max(total_steps, 1))
-    if state.loss is not None:
-      what += ", loss %.3f" % state.loss
+    what = "step %d/%d (%d%%), loss %.3f" % (
+        state.step, total_steps, 100 * state.step // max(total_steps, 1), state.loss)
     if state.speed and state.speed > 0 and math.isfinite(state.speed):
       what += ", %.2f steps/s, ETA %s" % (
           state.speed, clock(max(total_steps - state.step, 0) / state.speed))

@@ -20,7 +20,8 @@ I1125 10:37:35.713404 140293836086144 basic_session_run_hooks.py:260] global_ste
 INFO:tensorflow:loss = 7.5, step = 11 (8.000 sec)
 I1125 10:37:35.713404 1402938 basic_session_run_hooks.py:263] loss = 7.5, step = 11 (8.000 sec)
 """
-EVAL = """INFO:tensorflow:Starting evaluation at 2026-11-25T10:38:04
+EVAL = """INFO:tensorflow:Saving checkpoints for 20 into /tmp/run/model.ckpt.
+INFO:tensorflow:Starting evaluation at 2026-11-25T10:38:04
 I1125 10:38:04.895496 140293836086144 evaluation.py:250] Starting evaluation at 2026-11-25T10:38:04
 INFO:tensorflow:Evaluation [3/30]
 I1125 10:38:10.950402 140293836086144 evaluation.py:163] Evaluation [3/30]
@@ -49,7 +50,8 @@ def test_status_line_training_evaluating_and_final():
   state = progress.TrainerState()
   assert progress.status_line("routing", state, 700, 12) == (
       "routing: building the model [0:12]")
-  state.feed("I1125 10:36:55.355715 1402 monitored_session.py:240] Graph was finalized.\n")
+  state.feed("I1125 10:36:55.355715 1402 monitored_session.py:240] Graph was finalized.\n"
+             "INFO:tensorflow:Saving checkpoints for 0 into /tmp/run/model.ckpt.\n")
   assert progress.status_line("routing", state, 700, 40) == (
       "routing: running the first step [0:40]")
   state.feed(LOG)
@@ -58,11 +60,11 @@ def test_status_line_training_evaluating_and_final():
       "routing: step 11/700 (1%), loss 7.500, 1.25 steps/s, ETA 9:11 [1:15]")
   state.feed(EVAL)
   assert progress.status_line("routing", state, 700, 90) == (
-      "routing: evaluating 3/30 at step 11 [1:30]")
+      "routing: evaluating 3/30 at step 20 [1:30]")
   state.feed(EVAL_DONE + EVAL_DONE.replace("INFO:tensorflow:", "I1125 10:38:16 estimator.py] "))
   assert state.evaluation is None and state.evaluated == {20}
   assert progress.final_line("routing", state, 700, 3725) == (
-      "routing: 11/700 steps in 1:02:05 (0.00 steps/s), last loss 7.500, 1 evaluation")
+      "routing: 20/700 steps in 1:02:05 (0.01 steps/s), last loss 7.500, 1 evaluation")
   assert progress.status_line("t2t-datagen", state, None, 40) == "t2t-datagen: running [0:40]"
   state.feed("I1125 11:01:57.504547 1397 shards.py:79] pg19_length2k train: shard 10/10, "
              "36/36 books, 1269579 tokens, 198793 tokens/s\n")
