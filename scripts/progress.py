@@ -7,7 +7,7 @@ state into one line: step / total, loss, steps/s, ETA, or the evaluation's progr
 
     watch = Watch("routing", total_steps=700)      # prints to sys.stdout
     watch.feed(new_log_text); watch.tick()          # every ~second while the binary runs
-    watch.finish()                                  # `routing: 700/700 steps in 7:34 (...)`
+    watch.finish()                                  # `routing: 700/700 steps at 1.54 steps/s ...`
 """
 import math
 import re
@@ -118,16 +118,17 @@ def status_line(name, state, total_steps, elapsed):
 
 
 def final_line(name, state, total_steps, elapsed):
-  """`routing: 700/700 steps in 7:34 (1.54 steps/s), last loss 4.912, 4 evaluations`."""
+  """`routing: 700/700 steps at 1.54 steps/s, last loss 4.912, 4 evaluations [8:21]` (the
+  last logged speed; the time includes building the model and the evaluations)."""
   if total_steps is None:
     return "%s: done [%s]" % (name, clock(elapsed))
-  step = state.step or 0
-  text = "%s: %d/%d steps in %s (%.2f steps/s)" % (name, step, total_steps, clock(elapsed),
-                                                   step / max(elapsed, 1e-9))
+  text = "%s: %d/%d steps" % (name, state.step or 0, total_steps)
+  if state.speed:
+    text += " at %.2f steps/s" % state.speed
   if state.loss is not None:
     text += ", last loss %.3f" % state.loss
   count = len(state.evaluated)
-  return text + ", %d evaluation%s" % (count, "" if count == 1 else "s")
+  return text + ", %d evaluation%s [%s]" % (count, "" if count == 1 else "s", clock(elapsed))
 
 
 class Watch(object):

@@ -64,7 +64,7 @@ def test_status_line_training_evaluating_and_final():
   state.feed(EVAL_DONE + EVAL_DONE.replace("INFO:tensorflow:", "I1125 10:38:16 estimator.py] "))
   assert state.evaluation is None and state.evaluated == {20}
   assert progress.final_line("routing", state, 700, 3725) == (
-      "routing: 20/700 steps in 1:02:05 (0.01 steps/s), last loss 7.500, 1 evaluation")
+      "routing: 20/700 steps at 1.25 steps/s, last loss 7.500, 1 evaluation [1:02:05]")
   assert progress.status_line("t2t-datagen", state, None, 40) == "t2t-datagen: running [0:40]"
   state.feed("I1125 11:01:57.504547 1397 shards.py:79] pg19_length2k train: shard 10/10, "
              "36/36 books, 1269579 tokens, 198793 tokens/s\n")
@@ -93,7 +93,7 @@ def test_plain_output_prints_every_interval_and_a_final_line():
   lines = out.getvalue().splitlines()
   assert lines == ["local: building the model [0:10]",
                    "local: step 11/100 (11%), loss 7.500, 1.25 steps/s, ETA 1:11 [0:20]",
-                   "local: 11/100 steps in 0:24 (0.46 steps/s), last loss 7.500, 0 evaluations"]
+                   "local: 11/100 steps at 1.25 steps/s, last loss 7.500, 0 evaluations [0:24]"]
   assert "\r" not in out.getvalue()
 
 
@@ -113,7 +113,7 @@ def test_terminal_output_rewrites_one_line():
   shown = [part.rstrip() for part in text.rstrip("\n").split("\r")[1:]]
   assert shown == ["routing: building the model [0:00]",
                    "routing: step 11/100 (11%), loss 7.500, 1.25 steps/s, ETA 1:11 [0:05]",
-                   "routing: 11/100 steps in 0:05 (2.20 steps/s), last loss 7.500, 0 evaluations"]
+                   "routing: 11/100 steps at 1.25 steps/s, last loss 7.500, 0 evaluations [0:05]"]
   # a shorter line blanks out the rest of a longer one
   assert len(text.split("\r")[3].rstrip("\n")) >= len(shown[1])
 
@@ -142,7 +142,7 @@ def test_run_logged_follows_the_log_of_a_running_binary(tmp_path, monkeypatch):
     assert f.read() == LOG  # the whole log stays in the file
   lines = out.getvalue().splitlines()
   assert any(l.startswith("routing: step 1/100 (1%), loss 8.322 [") for l in lines)
-  assert lines[-1].startswith("routing: 11/100 steps in ") and "last loss 7.500" in lines[-1]
+  assert lines[-1].startswith("routing: 11/100 steps at 1.25 steps/s, last loss 7.500, 0 evalu")
   with pytest.raises(SystemExit, match=r"(?s)t2t-trainer failed \(exit 3\); last lines of .*"
                                        r"loss = 7.5, step = 11"):
     t2t_runs.run_logged([sys.executable, str(fake), str(sample), "3"], logfile, "t2t-trainer",
