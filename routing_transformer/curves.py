@@ -26,6 +26,17 @@ def pyplot():
   return plt
 
 
+def PlainLogFormatter(ticker, **kwargs):  # pylint: disable=invalid-name
+  """matplotlib's LogFormatter (which picks the ticks to label) writing 7.5 and 0.4 rather than
+  7.5x10^0 and 4e-01."""
+
+  class Plain(ticker.LogFormatter):
+
+    def _num_to_string(self, x, vmin, vmax):
+      return "%g" % x
+  return Plain(**kwargs)
+
+
 def read_scalars(paths, tag):
   """(step, wall_time, value) of every `tag` event in the event files (every scalar event when
   tag is None), sorted by step."""
@@ -112,6 +123,7 @@ def plot_runs(runs, path, tag=TAG, train_points=None):
     {label: run_curves(run_dir) plus "smoothed": the EMA of the training values}.
   """
   plt = pyplot()
+  from matplotlib import ticker  # pylint: disable=g-import-not-at-top
   data = {}
   fig, (by_step, by_time) = plt.subplots(1, 2, figsize=(11, 4))
   for i, (label, run_dir) in enumerate(runs):
@@ -137,7 +149,9 @@ def plot_runs(runs, path, tag=TAG, train_points=None):
   by_time.set_xlabel("wall time (minutes)")
   for ax in (by_step, by_time):
     ax.set_yscale("log")  # the first steps' drop would flatten everything after it
-    ax.set_ylabel(tag + " (log scale)")
+    ax.yaxis.set_major_formatter(PlainLogFormatter(ticker, labelOnlyBase=False))
+    ax.yaxis.set_minor_formatter(PlainLogFormatter(ticker, labelOnlyBase=False,
+                                                   minor_thresholds=(2, 0.5)))    ax.set_ylabel(tag + " (log scale)")
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=8)
   by_step.set_title("training (faint: single batches) and evaluation %s" % tag, fontsize=10)
