@@ -151,7 +151,8 @@ def plot_runs(runs, path, tag=TAG, train_points=None):
     ax.set_yscale("log")  # the first steps' drop would flatten everything after it
     ax.yaxis.set_major_formatter(PlainLogFormatter(ticker, labelOnlyBase=False))
     ax.yaxis.set_minor_formatter(PlainLogFormatter(ticker, labelOnlyBase=False,
-                                                   minor_thresholds=(2, 0.5)))    ax.set_ylabel(tag + " (log scale)")
+                                                   minor_thresholds=(2, 0.5)))
+    ax.set_ylabel(tag + " (log scale)")
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=8)
   by_step.set_title("training (faint: single batches) and evaluation %s" % tag, fontsize=10)
