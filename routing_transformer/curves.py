@@ -15,7 +15,7 @@ import math
 import os
 
 TAG = "loss"
-SPAN_FRACTION = 1.0 / 15  # EMA time constant, as a share of the run's last step
+SPAN_FRACTION = 1.0 / 20  # EMA time constant, as a share of the run's last step
 
 
 def pyplot():

@@ -185,7 +185,7 @@ def test_curves_smooth_dense_log_points_on_event_wall_times(tmp_path):
   # wall times interpolated between the events' (step, wall_time): 1000 + 2 step
   assert data["routing"]["train"] == [(s, 1000.0 + 2.0 * s, v) for s, v in logged]
   assert [(s, v) for s, _, v in data["routing"]["eval"]] == [(200, 2.75)]
-  # span = 200 / 15 steps; 50 steps apart: a = exp(-3.75)
+  # span = 200 / 20 steps; 50 steps apart: a = exp(-5)
   a = np.exp(-50 / (200 * curves.SPAN_FRACTION))
   expected = [5.0]
   for _, v in logged[1:]:
