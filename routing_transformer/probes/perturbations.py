@@ -199,6 +199,8 @@ def run_perturbations(books, examples, n, targets, score_fn, m_list, runs=5, see
                       progress=None):
   """Scores the targets of every example unperturbed and under every (kind, m, run).
 
+  Inputs are built batch_rows at a time, so memory stays O(batch_rows * N) for any B.
+
   Args:
     books: list of 1-D int arrays; examples: int [B, 2] (book, end); n: input length N.
     targets: [K] or [B, K] target positions in the input (negative: from the end).
@@ -214,8 +216,8 @@ def run_perturbations(books, examples, n, targets, score_fn, m_list, runs=5, see
      "dropped": {m: int64 [B]} tokens dropped per row by "drop" (and by its control),
      "targets": int64 [B, K] absolute positions}.
   """
-  inputs = example_inputs(books, examples, n)
-  t = target_matrix(targets, len(inputs), n)
+  examples = np.asarray(examples, np.int64).reshape(-1, 2)
+  t = target_matrix(targets, len(examples), n)
   for kind in kinds:
     if kind not in KINDS:
       raise ProbeError("perturbation %r is not supported; use some of %s" % (kind, ", ".join(KINDS)))
@@ -223,27 +225,31 @@ def run_perturbations(books, examples, n, targets, score_fn, m_list, runs=5, see
     raise ProbeError("runs=%d must be >= 1" % runs)
   for m in m_list:
     check_prefix_length(m, t)
-  book_of = np.asarray(examples, np.int64).reshape(-1, 2)[:, 0]
-  result = {"baseline": score_rows(score_fn, inputs, t, batch_rows), "nll": {}, "dropped": {},
-            "targets": t}
+  chunks = [slice(a, a + batch_rows) for a in range(0, len(examples), batch_rows)]
+  baseline = np.zeros(t.shape, np.float64)
+  for rows in chunks:
+    baseline[rows] = score_rows(score_fn, example_inputs(books, examples[rows], n), t[rows],
+                                batch_rows)
+  result = {"baseline": baseline, "nll": {}, "dropped": {}, "targets": t}
   for kind in kinds:
     result["nll"][kind] = {}
     for m in m_list:
       reps = 1 if kind in DETERMINISTIC else runs
       nll = np.zeros((reps,) + t.shape, np.float64)
+      counts = np.zeros(len(examples), np.int64)
       for run in range(reps):
-        perturbed = np.empty_like(inputs)
-        counts = np.zeros(len(inputs), np.int64)
-        for b in range(len(inputs)):
-          perturbed[b], counts[b] = perturb(kind, inputs[b], t[b], m,
-                                            row_rng(seed, kind, m, run, b), books, book_of[b],
-                                            pad_id, drop_rule)
-        if kind in ("drop", "drop_control"):
-          result["dropped"][m] = counts
-        nll[run] = score_rows(score_fn, perturbed, t, batch_rows)
+        for rows in chunks:
+          inputs = example_inputs(books, examples[rows], n)
+          for i, b in enumerate(range(len(examples))[rows]):
+            inputs[i], counts[b] = perturb(kind, inputs[i], t[b], m,
+                                           row_rng(seed, kind, m, run, b), books,
+                                           examples[b, 0], pad_id, drop_rule)
+          nll[run, rows] = score_rows(score_fn, inputs, t[rows], batch_rows)
+      if kind in ("drop", "drop_control"):
+        result["dropped"][m] = counts
       result["nll"][kind][m] = nll
       if progress:
-        progress("perturbation %s m=%d: %d runs x %d inputs" % (kind, m, reps, len(inputs)))
+        progress("perturbation %s m=%d: %d runs x %d inputs" % (kind, m, reps, len(examples)))
   return result
 
 
@@ -309,17 +315,25 @@ def run_sequence_copy(books, examples, n, targets, score_fn, d_list, context=0, 
   Returns:
     {"baseline": float64 [B, K], "nll": {d: float64 [B, K]}, "targets": int64 [B, K]}.
   """
-  inputs = example_inputs(books, examples, n)
-  t = target_matrix(targets, len(inputs), n)
+  examples = np.asarray(examples, np.int64).reshape(-1, 2)
+  t = target_matrix(targets, len(examples), n)
   if context < 0:
     raise ProbeError("context=%d must be >= 0" % context)
   for d in d_list:
     for row_targets in t[:1] if np.all(t == t[:1]) else t:
       check_distance(d, row_targets, context)
-  result = {"baseline": score_rows(score_fn, inputs, t, batch_rows), "nll": {}, "targets": t}
+  chunks = [slice(a, a + batch_rows) for a in range(0, len(examples), batch_rows)]
+  result = {"baseline": np.zeros(t.shape, np.float64), "nll": {}, "targets": t}
+  for rows in chunks:
+    result["baseline"][rows] = score_rows(score_fn, example_inputs(books, examples[rows], n),
+                                          t[rows], batch_rows)
   for d in d_list:
-    copied = np.stack([copy_targets(inputs[b], t[b], d, context) for b in range(len(inputs))])
-    result["nll"][d] = score_rows(score_fn, copied, t, batch_rows)
+    result["nll"][d] = np.zeros(t.shape, np.float64)
+    for rows in chunks:
+      inputs = example_inputs(books, examples[rows], n)
+      copied = np.stack([copy_targets(row, row_t, d, context)
+                         for row, row_t in zip(inputs, t[rows])])
+      result["nll"][d][rows] = score_rows(score_fn, copied, t[rows], batch_rows)
     if progress:
-      progress("sequence copy d=%d: %d inputs" % (d, len(inputs)))
+      progress("sequence copy d=%d: %d inputs" % (d, len(examples)))
   return result
