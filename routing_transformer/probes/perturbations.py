@@ -19,6 +19,12 @@ m-token span of another book; "drop" (set to `pad_id`) the prefix tokens whose n
 the input is a target; "drop_control" drops as many uniformly random tokens of the first m.
 Sequence copy (`copy_targets`): the targets (and optionally `context` tokens before them) are
 inserted so that the copy of every target sits exactly d tokens before it; docs/probes.md.
+
+Id 0 inside an input (the default pad_id, as the paper's "replace with padding") is not ignored by
+this model: it is embedded with the trained row 0 (the start symbol), and the position whose
+target is 0 is masked as a key by the routing heads (not by the local heads); the original
+release only embeds it. The drop control uses the same mechanics, so drop vs control stays fair;
+docs/probes_end_of_input.md ("what id 0 does inside an input").
 """
 import numpy as np
 
