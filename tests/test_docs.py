@@ -388,7 +388,6 @@ import ast  # pylint: disable=g-import-not-at-top,wrong-import-position
 import importlib  # pylint: disable=g-import-not-at-top,wrong-import-position
 import importlib.util  # pylint: disable=g-import-not-at-top,wrong-import-position
 import inspect  # pylint: disable=g-import-not-at-top,wrong-import-position
-import json  # pylint: disable=g-import-not-at-top,wrong-import-position
 import pkgutil  # pylint: disable=g-import-not-at-top,wrong-import-position
 import subprocess  # pylint: disable=g-import-not-at-top,wrong-import-position
 import sys  # pylint: disable=g-import-not-at-top,wrong-import-position
@@ -500,8 +499,10 @@ def classify(words):
     return None
   program = os.path.basename(words[0])
   if program in ("python", "python3") or re.match(r"^python3\.\d+$", program):
-    if len(words) > 2 and words[1] == "-m":
-      return ("module", words[2], words[3:])
+    if len(words) > 2 and words[1] == "-m":  # this project's modules (not pytest, pip, ...)
+      if words[2].split(".")[0] in PROJECT_PACKAGES + ("t2t_usr_dir",):
+        return ("module", words[2], words[3:])
+      return None
     if len(words) > 1 and words[1].endswith(".py"):
       return ("script", words[1], words[2:])
     return None
@@ -587,12 +588,15 @@ class FlagSet(object):
 
 
 def argparse_flags(parser, what):
-  flags = {}
+  flags, defaults = {}, {}
   for option, action in parser._option_string_actions.items():  # pylint: disable=protected-access
     if option.startswith("--"):
       kind = bool if action.nargs == 0 else action.type
       flags[option[2:]] = (list(action.choices) if action.choices else None, kind)
-  return FlagSet(flags, what)
+      defaults[option[2:]] = action.default
+  result = FlagSet(flags, what)
+  result.defaults = defaults
+  return result
 
 
 def absl_flags(flag_values, what):
@@ -632,26 +636,40 @@ def load_script(path):
   return module
 
 
-T2T_FLAGS_SCRIPT = r"""
-import json, sys
-from absl import flags
-import tensorflow.compat.v1 as tf
-out = {}
-def snapshot(binary):
-  f = flags.FLAGS
-  out[binary] = {n: [getattr(v.parser, "enum_values", None),
-                     type(v.parser).__name__] for n, v in f._flags().items()}
-import tensor2tensor.bin.t2t_datagen
-snapshot("t2t-datagen")
-for name in list(flags.FLAGS._flags()):  # datagen and trainer define some flags both
-  if name not in ("help", "helpshort", "helpfull", "helpxml", "flagfile", "undefok"):
-    delattr(flags.FLAGS, name)
-import tensor2tensor.bin.t2t_trainer
-snapshot("t2t-trainer")
-import tensor2tensor.bin.t2t_decoder
-snapshot("t2t-decoder")
-json.dump(out, sys.stdout)
-"""
+# The flags of T2T's binaries: the DEFINE_* calls of each binary's module and of the T2T modules
+# that define its flags (read from the installed source: importing the binaries would load every
+# T2T model and problem, and t2t_datagen and t2t_trainer define some flags both).
+T2T_FLAG_SOURCES = {
+    "t2t-datagen": ["bin/t2t_datagen.py"],
+    "t2t-trainer": ["bin/t2t_trainer.py", "utils/flags.py"],
+    "t2t-decoder": ["bin/t2t_trainer.py", "utils/flags.py", "bin/t2t_decoder.py"],
+}
+ABSL_BUILTIN_FLAGS = ("help", "helpshort", "helpfull", "helpxml", "flagfile", "undefok")
+
+
+def t2t_flags(binary):
+  """FlagSet of a T2T binary from the DEFINE_* calls of its modules."""
+  import tensor2tensor  # pylint: disable=g-import-not-at-top
+  base = os.path.dirname(tensor2tensor.__file__)
+  kinds = {"bool": bool, "boolean": bool, "integer": int, "float": float}
+  flags = {name: (None, None) for name in ABSL_BUILTIN_FLAGS}
+  for source in T2T_FLAG_SOURCES[binary]:
+    tree = ast.parse(open(os.path.join(base, source), encoding="utf-8").read())
+    for node in ast.walk(tree):
+      if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and
+              node.func.attr.startswith("DEFINE_") and node.args and
+              isinstance(node.args[0], ast.Constant)):
+        continue
+      kind = node.func.attr[len("DEFINE_"):]
+      choices = None
+      if kind == "enum" and len(node.args) > 2:
+        try:
+          choices = list(ast.literal_eval(node.args[2]))
+        except ValueError:
+          choices = None
+      flags[node.args[0].value] = (choices, kinds.get(kind))
+  assert len(flags) > 20, (binary, flags)
+  return FlagSet(flags, binary)
 
 
 @pytest.fixture(scope="module")
@@ -664,14 +682,7 @@ def parsers():
     if key in cache:
       return cache[key]
     if kind == "t2t":
-      if "t2t" not in cache:
-        run = subprocess.run([sys.executable, "-c", T2T_FLAGS_SCRIPT], capture_output=True,
-                             text=True, cwd=ROOT, timeout=300)
-        assert run.returncode == 0, run.stderr[-2000:]
-        cache["t2t"] = json.loads(run.stdout)
-      kinds = {"BooleanParser": bool, "IntegerParser": int, "FloatParser": float}
-      result = FlagSet({n: (c, kinds.get(p)) for n, (c, p) in cache["t2t"][target].items()},
-                       target)
+      result = t2t_flags(target)
     elif kind == "module":
       spec = importlib.util.find_spec(target)
       assert spec is not None, "no module %s" % target
@@ -944,3 +955,184 @@ def test_signature_check_catches_drift(parsers):
   assert "head_focus" in signature_problem(node, index["analysis.head_focus"][0], span=True)
   node = ast.parse("analysis.head_focus(probs, valid, kinds, threshold=0.1)", mode="eval").body
   assert signature_problem(node, index["analysis.head_focus"][0], span=True) is None
+
+
+# --- repository layout ----------------------------------------------------------------------------
+
+def layout_covered():
+  """Paths docs/layout.md covers: a row's backticked paths, names after the first resolved
+  against its folder; folders (trailing /) cover everything under them."""
+  covered = set()
+  text = open(os.path.join(ROOT, "docs", "layout.md"), encoding="utf-8").read()
+  for line in text.split("\n"):
+    if not line.startswith("| `"):
+      continue
+    first_cell = line.split("|")[1]
+    folder = ""
+    for name in INLINE_CODE.findall(first_cell) + INLINE_CODE.findall(line.split("|")[2]):
+      if "/" in name.rstrip("/"):
+        folder = name.rsplit("/", 1)[0] + "/" if not name.endswith("/") else ""
+      candidates = [name, folder + name] if folder and "/" not in name.rstrip("/") else [name]
+      covered.update(c for c in candidates if os.path.exists(os.path.join(ROOT, c)))
+  return covered
+
+
+def test_layout_covers_every_file():
+  files = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True).stdout
+  covered = layout_covered()
+  assert len(covered) > 20, covered
+  missing = [f for f in files.split() if not f.startswith("docs/") and f not in covered and not
+             any(f.startswith(c) for c in covered if c.endswith("/"))]
+  assert not missing, "files docs/layout.md does not mention: %s" % missing
+
+
+# --- output paths ---------------------------------------------------------------------------------
+
+OUTPUT_PATH = re.compile(r"(?<![\w/.])((?:demo_output|benchmarks/results|soak_output)"
+                         r"(?:/[A-Za-z0-9_.<>{},*\-]+)*/?)")
+# The commands that write under those folders: (script, its output flag, the modules whose code
+# names the files it writes, names that stand for a <placeholder> or a run: module constants).
+WRITERS = [
+    ("scripts/demo.py", "output", ["scripts/demo.py", "scripts/t2t_runs.py",
+                                   "routing_transformer/analysis.py"], "MODELS"),
+    ("scripts/demo_long_range.py", "output", ["scripts/demo_long_range.py",
+                                              "scripts/t2t_runs.py",
+                                              "routing_transformer/analysis.py"], "MODELS"),
+    ("benchmarks/long_range_quality.py", "output", ["benchmarks/long_range_quality.py"], "TASKS"),
+    ("benchmarks/attention.py", "out", ["benchmarks/attention.py"], None),
+    ("benchmarks/train_step.py", "out", ["benchmarks/train_step.py"], None),
+    ("benchmarks/decode.py", "out", ["benchmarks/decode.py"], None),
+    ("benchmarks/peers.py", "out", ["benchmarks/peers.py"], None),
+    ("scripts/soak.py", "output_dir", ["scripts/soak.py"], None),
+]
+
+
+def string_constants(path):
+  return {node.value for node in ast.walk(ast.parse(open(os.path.join(ROOT, path)).read()))
+          if isinstance(node, ast.Constant) and isinstance(node.value, str)}
+
+
+def output_mentions():
+  out = []
+  for path in doc_files():
+    for number, line in enumerate(open(path, encoding="utf-8").read().split("\n"), 1):
+      for m in OUTPUT_PATH.finditer(line):
+        out.append(("%s:%d" % (rel(path), number), m.group(1).rstrip(".,;:)")))
+  return out
+
+
+def path_written(mention, writers):
+  """Whether some writer's default output folder + names from its code give `mention`."""
+  for root, constants, stems in writers:
+    for path in expand(mention):
+      if not (path + "/").startswith(root + "/"):
+        continue
+      rest = [p for p in path[len(root):].split("/") if p]
+      if all(part_written(part, constants, stems) for part in rest):
+        return True
+  return False
+
+
+def part_written(part, constants, stems):
+  """One path component: a constant of the code, a stem (run/task name or a <placeholder> for
+  one), or a stem followed by a constant suffix ("routing" + ".decodes.tsv")."""
+  if part in constants or part in stems or (stems and re.match(r"^<\w+>$", part)):
+    return True
+  for stem in list(stems) + (["<x>"] if stems else []):
+    head = re.match(r"^(<\w+>|%s)(\..+)$" % re.escape(stem), part)
+    if head and head.group(2) in constants:
+      return True
+  return False
+
+
+def writers(parsers):
+  out = []
+  for script, flag, sources, stems_name in WRITERS:
+    default = parsers("script", script).defaults[flag]
+    constants = set().union(*[string_constants(s) for s in sources])
+    stems = set()
+    if stems_name:
+      value = getattr(load_script(os.path.join(ROOT, script)), stems_name)
+      stems = {v[0] if isinstance(v, tuple) else v for v in value}
+    out.append((os.path.relpath(default, ROOT), constants, stems))
+  return out
+
+
+def test_output_paths_are_what_the_code_writes(parsers):
+  found = writers(parsers)
+  mentions = output_mentions()
+  assert len(mentions) > 10, mentions
+  bad = ["%s: %s" % (where, path) for where, path in mentions if not path_written(path, found)]
+  assert not bad, ("output paths in README/docs that no command writes (its default output "
+                   "folder and the names in its code):\n" + "\n".join(bad))
+
+
+def test_output_path_check_catches_drift(parsers):
+  found = writers(parsers)
+  for path in ("demo_output/<model>.decodes.tsv", "benchmarks/results/quality/quality.{md,json}",
+               "demo_output/long_range/analysis/head_jss.md"):
+    assert not path_written(path, found), path
+  for path in ("demo_output/long_range/<model>.decodes.tsv", "soak_output/report.json",
+               "benchmarks/results/quality/long_range.{json,md,png}",
+               "demo_output/analysis/head_focus.md"):
+    assert path_written(path, found), path
+
+
+# --- flags and defaults named in prose ------------------------------------------------------------
+
+CLI_REFERENCE = re.compile(r"`(?:\.venv/bin/)?(?:python -m )?((?:scripts|benchmarks)/\w+\.py|"
+                           r"(?:routing_transformer|problems)\.\w+(?:\.\w+)?|rt-[a-z]+)`")
+PROSE_FLAG = re.compile(r"`--(\w+)(?:[= ][^`]*)?`(?:,? \(?(?:default:?|defaults to) "
+                        r"([\w.\-]+))?")
+
+
+def prose_flag_mentions():
+  """[(where, (kind, target), flag, documented default or None)]: `--flags` in paragraphs that
+  name exactly one command (a script, a module with a main, an rt-* command)."""
+  out = []
+  for path in doc_files():
+    for is_code, start, seg in segments(open(path, encoding="utf-8").read()):
+      if is_code:
+        continue
+      offset = 0
+      for paragraph in re.split(r"\n\s*\n|\n(?=\s*- )", seg):  # paragraphs, list items
+        first = line_of(start, seg, seg.index(paragraph, offset))
+        offset = seg.index(paragraph, offset) + len(paragraph)
+        targets = set()
+        for m in CLI_REFERENCE.finditer(paragraph):
+          name = m.group(1)
+          if name.startswith("rt-"):
+            if name in entry_points():
+              targets.add(("entry", name))
+          elif name.endswith(".py"):
+            targets.add(("script", name))
+          elif os.path.isfile(os.path.join(ROOT, *name.split("."))[:] + ".py"):
+            targets.add(("module", name))
+        if len(targets) != 1:
+          continue
+        target = targets.pop()
+        for m in PROSE_FLAG.finditer(paragraph):
+          out.append(("%s:%d" % (rel(path), line_of(first, paragraph, m.start())), target,
+                      m.group(1), m.group(2)))
+  return out
+
+
+def test_prose_flags_and_defaults_match(parsers):
+  """A `--flag` in a paragraph about one command is one of its flags; a stated default is its."""
+  bad, checked = [], 0
+  for where, (kind, target), flag, default in prose_flag_mentions():
+    if kind == "module" and not hasattr(importlib.import_module(target), "main"):
+      continue  # an API module named beside a flag of another command
+    flags = parsers(kind, target)
+    checked += 1
+    if flag not in flags.flags:
+      bad.append("%s: --%s is not a flag of %s" % (where, flag, target))
+    elif default is not None and hasattr(flags, "defaults"):
+      actual = flags.defaults[flag]
+      if str(actual) != default.replace(",", "") and not (
+          isinstance(actual, str) and actual.endswith(default)):
+        bad.append("%s: --%s default %s documented, %s in %s" % (where, flag, default, actual,
+                                                                 target))
+  assert checked > 5, "the prose flag check found almost nothing"
+  assert not bad, "flags/defaults in README/docs prose that differ from the code:\n" + "\n".join(
+      bad)
