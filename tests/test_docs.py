@@ -937,8 +937,11 @@ def test_documented_signatures_match(parsers):  # parsers: t2t_usr_dir imported 
     name = call_name(node.func, aliases)
     if not name:
       continue
-    name = name.replace("routing_transformer.", "", 1) if name.count(".") > 1 else name
-    objects = index.get(name) or index.get(name.split(".", 1)[-1] if "." in name else name)
+    objects = None
+    for key in (name, name.split(".", 1)[-1]):  # "package.module.f" (import aliases), "module.f"
+      objects = index.get(key)
+      if objects:
+        break
     if not objects or len(objects) > 1:
       continue  # not this project's, or ambiguous (e.g. a method name of several classes)
     checked += 1
