@@ -860,8 +860,13 @@ def call_name(node, aliases):
 
 
 def snippet_aliases(tree):
+  """{name: dotted name} of a snippet's imports, and {variable: "@" + dotted call} of its
+  `variable = Something(...)` assignments (so `variable.method(...)` can be resolved)."""
   aliases = {}
   for node in ast.walk(tree):
+    if (isinstance(node, ast.Assign) and len(node.targets) == 1 and
+        isinstance(node.targets[0], ast.Name) and isinstance(node.value, ast.Call)):
+      aliases["@" + node.targets[0].id] = node.value.func
     if isinstance(node, ast.ImportFrom) and node.module:
       for alias in node.names:
         aliases[alias.asname or alias.name] = node.module + "." + alias.name
@@ -869,6 +874,17 @@ def snippet_aliases(tree):
       for alias in node.names:
         aliases[alias.asname or alias.name] = alias.name
   return aliases
+
+
+def resolve(index, name):
+  """The one project object a documented dotted name means, or None."""
+  keys = [name]
+  if name.split(".")[0] in PROJECT_PACKAGES:
+    keys.append(name.split(".", 1)[1])
+  for key in keys:
+    if index.get(key):
+      return index[key][0] if len(index[key]) == 1 else None
+  return None
 
 
 def signature_problem(node, obj, span=False):
@@ -937,8 +953,18 @@ def test_documented_signatures_match(parsers):  # parsers: t2t_usr_dir imported 
     name = call_name(node.func, aliases)
     if not name:
       continue
+    owner = aliases.get("@" + name.split(".")[0]) if name.count(".") == 1 else None
+    if owner is not None:  # instance.method(...): the method of the class that made it
+      made = resolve(index, call_name(owner, aliases) or "")
+      if made is not None and inspect.isclass(made):
+        name = "%s.%s" % (made.__name__, name.split(".")[1])
+        node = ast.Call(func=node.func, args=[ast.Name(id="self")] + node.args,
+                        keywords=node.keywords)
     objects = None
-    for key in (name, name.split(".", 1)[-1]):  # "package.module.f" (import aliases), "module.f"
+    keys = [name]  # "package.module.f" (import aliases resolved), "module.f", "f"
+    if name.split(".")[0] in PROJECT_PACKAGES:
+      keys.append(name.split(".", 1)[1])
+    for key in keys:
       objects = index.get(key)
       if objects:
         break
@@ -956,6 +982,15 @@ def test_signature_check_catches_drift(parsers):
   index = project_index()
   node = ast.parse("analysis.head_focus(weights, kinds)", mode="eval").body
   assert "head_focus" in signature_problem(node, index["analysis.head_focus"][0], span=True)
+  tree = ast.parse("from routing_transformer.score import Scorer\ns = Scorer(c, h, v)\n"
+                   "s.score_span(prefix)\n")
+  aliases = snippet_aliases(tree)
+  call = tree.body[-1].value
+  made = resolve(index, call_name(aliases["@s"], aliases))
+  assert made.__name__ == "Scorer"
+  method = index["Scorer.score_span"][0]
+  call = ast.Call(func=call.func, args=[ast.Name(id="self")] + call.args, keywords=[])
+  assert "span" in signature_problem(call, method)
   node = ast.parse("analysis.head_focus(probs, valid, kinds, threshold=0.1)", mode="eval").body
   assert signature_problem(node, index["analysis.head_focus"][0], span=True) is None
 
