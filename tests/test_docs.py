@@ -876,7 +876,7 @@ def snippet_aliases(tree):
   return aliases
 
 
-def resolve(index, name):
+def resolve_name(index, name):
   """The one project object a documented dotted name means, or None."""
   keys = [name]
   if name.split(".")[0] in PROJECT_PACKAGES:
@@ -955,7 +955,7 @@ def test_documented_signatures_match(parsers):  # parsers: t2t_usr_dir imported 
       continue
     owner = aliases.get("@" + name.split(".")[0]) if name.count(".") == 1 else None
     if owner is not None:  # instance.method(...): the method of the class that made it
-      made = resolve(index, call_name(owner, aliases) or "")
+      made = resolve_name(index, call_name(owner, aliases) or "")
       if made is not None and inspect.isclass(made):
         name = "%s.%s" % (made.__name__, name.split(".")[1])
         node = ast.Call(func=node.func, args=[ast.Name(id="self")] + node.args,
@@ -986,7 +986,7 @@ def test_signature_check_catches_drift(parsers):
                    "s.score_span(prefix)\n")
   aliases = snippet_aliases(tree)
   call = tree.body[-1].value
-  made = resolve(index, call_name(aliases["@s"], aliases))
+  made = resolve_name(index, call_name(aliases["@s"], aliases))
   assert made.__name__ == "Scorer"
   method = index["Scorer.score_span"][0]
   call = ast.Call(func=call.func, args=[ast.Name(id="self")] + call.args, keywords=[])
