@@ -57,6 +57,23 @@ def sampling_settings(hparams, decode_hparams=None):
   return temperature, top_k, top_p
 
 
+def inherited_top_p_note(hparams, decode_hparams=None):
+  """One line when random sampling takes a top-p < 1 from the hparams set, else None.
+
+  Every set of this project inherits nucleus_sampling=0.9 from the original release's base
+  `sparse_transformer_local`, so `--decode_hparams=sampling_method=random` alone samples from the
+  top 90% of the probability mass, not from the whole distribution.
+  """
+  temperature, _, top_p = sampling_settings(hparams, decode_hparams)
+  set_here = (decode_hparams is not None and
+              decode_hparams.get("nucleus_sampling", UNSET["nucleus_sampling"]) !=
+              UNSET["nucleus_sampling"])
+  if temperature == 0.0 or top_p >= 1.0 or set_here:
+    return None
+  return ("sampling: nucleus_sampling=%g (top-p) comes from the hparams set; pass "
+          "--decode_hparams=nucleus_sampling=1.0 to sample from the whole distribution" % top_p)
+
+
 def check_cached_decoding(hparams):
   """Raises DecodeError for models the cached decoder does not run (fast_decode=False does)."""
   if hparams.legacy_causal_key_routing and not hparams.share_qk:

@@ -118,20 +118,23 @@ def evaluate(problem_name, hparams_set, checkpoint, data_dir, split="dev",
 FLAGS = flags.FLAGS
 
 
-def define_flags():
-  flags.DEFINE_string("problem", None, "Registered problem, e.g. pg19_length8k.")
-  flags.DEFINE_string("data_dir", None, "Folder of the records written by t2t-datagen.")
-  flags.DEFINE_string("checkpoint", None, "t2t-trainer output_dir or a model.ckpt-N prefix.")
-  flags.DEFINE_string("hparams_set", None, "Hparams set the checkpoint was trained with.")
-  flags.DEFINE_string("hparams", "", "Hparams overrides, as for t2t-trainer.")
-  flags.DEFINE_string("model", "routing_transformer", "Registered model name.")
-  flags.DEFINE_enum("split", "dev", list(SPLITS), "Split to score.")
-  flags.DEFINE_integer("batch_size", 1, "Examples per batch.")
+def define_flags(flag_values=FLAGS):
+  """Defines the command's flags in `flag_values` (absl's global FLAGS; tests pass their own)."""
+  fv = dict(flag_values=flag_values)
+  flags.DEFINE_string("problem", None, "Registered problem, e.g. pg19_length8k.", **fv)
+  flags.DEFINE_string("data_dir", None, "Folder of the records written by t2t-datagen.", **fv)
+  flags.DEFINE_string("checkpoint", None, "t2t-trainer output_dir or a model.ckpt-N prefix.",
+                      **fv)
+  flags.DEFINE_string("hparams_set", None, "Hparams set the checkpoint was trained with.", **fv)
+  flags.DEFINE_string("hparams", "", "Hparams overrides, as for t2t-trainer.", **fv)
+  flags.DEFINE_string("model", "routing_transformer", "Registered model name.", **fv)
+  flags.DEFINE_enum("split", "dev", list(SPLITS), "Split to score.", **fv)
+  flags.DEFINE_integer("batch_size", 1, "Examples per batch.", **fv)
   flags.DEFINE_integer("max_examples", 0, "Score only the first N examples (0: all); word "
-                       "counts are then unknown.")
-  flags.DEFINE_string("output_json", None, "Also write the JSON here.")
+                       "counts are then unknown.", **fv)
+  flags.DEFINE_string("output_json", None, "Also write the JSON here.", **fv)
   flags.DEFINE_string("t2t_usr_dir", None, "Comma-separated user directories to import (their "
-                      "problems and hparams sets), as the T2T binaries' --t2t_usr_dir.")
+                      "problems and hparams sets), as the T2T binaries' --t2t_usr_dir.", **fv)
 
 
 def main(argv):
@@ -154,6 +157,11 @@ def main(argv):
       f.write(text + "\n")
 
 
-if __name__ == "__main__":
+def run():
+  """The `rt-evaluate` command: `python -m routing_transformer.evaluate`."""
   define_flags()
   app.run(main)
+
+
+if __name__ == "__main__":
+  run()

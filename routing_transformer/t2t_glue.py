@@ -160,6 +160,7 @@ def guard_decode_from_file():
 
 def guard_create_estimator():
   """Checks the sampling settings (model and decode hparams) before any decoding graph is built."""
+  import tensorflow.compat.v1 as tf  # pylint: disable=g-import-not-at-top
   from tensor2tensor.utils import trainer_lib  # pylint: disable=g-import-not-at-top
   from routing_transformer import decoding  # pylint: disable=g-import-not-at-top
   original = trainer_lib.create_estimator
@@ -170,9 +171,11 @@ def guard_create_estimator():
     decode_hp = kwargs.get("decode_hparams", args[1] if len(args) > 1 else None)
     if model_name in OUR_MODELS and decode_hp is not None:
       try:
-        decoding.sampling_settings(hparams, decode_hp)
+        note = decoding.inherited_top_p_note(hparams, decode_hp)
       except decoding.DecodeError as e:
         sys.exit("error: sampling settings (--hparams/--decode_hparams): %s" % e)
+      if note:
+        tf.logging.warning(note)
       if hparams.get("fast_decode", True):
         try:
           decoding.check_cached_decoding(hparams)

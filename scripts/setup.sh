@@ -51,7 +51,7 @@ if [ -e "$VENV/pyvenv.cfg" ] || [ -e "$VENV/bin/python" ]; then
     rm -rf "$VENV"
   fi
 fi
-want=$(cat requirements.txt constraints.txt scripts/setup.sh | sha256sum | cut -d' ' -f1)
+want=$(cat requirements.txt constraints.txt pyproject.toml scripts/setup.sh | sha256sum | cut -d' ' -f1)
 
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && "$VENV/bin/python" -c "import routing_transformer, tensor2tensor, gym, mesh_tensorflow, xdist" 2>/dev/null; then
   echo "setup: $VENV is up to date"
@@ -81,5 +81,10 @@ for script in "$VENV"/bin/t2t-*; do
   [ -e "$script" ] || continue
   sed -i 's/^import tensorflow as tf$/import tensorflow.compat.v1 as tf/' "$script"
 done
-"$VENV/bin/python" -c "import routing_transformer, tensorflow as tf, tensor2tensor, gym, mesh_tensorflow, xdist; print('setup: tensorflow', tf.__version__, 'ready')"
+# The project itself, editable (pyproject.toml): `import routing_transformer` and the rt-* commands
+# work from any folder. Its dependencies are the stack above (--no-deps); setuptools 65.5.0 of the
+# venv builds it (--no-build-isolation: nothing is fetched).
+"${PIP[@]}" install -q --no-deps --no-build-isolation -e .
+venv_python="$(cd "$VENV" && pwd)/bin/python"
+(cd / && "$venv_python" -c "import routing_transformer, t2t_usr_dir, tensorflow as tf, tensor2tensor, gym, mesh_tensorflow, xdist; print('setup: tensorflow', tf.__version__, 'ready')")
 echo "$want" > "$stamp"

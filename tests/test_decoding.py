@@ -284,6 +284,23 @@ def test_sampling_settings_resolve_t2t_defaults_and_overrides():
       decoding.sampling_settings(hparams, bad)
 
 
+def test_random_sampling_names_the_inherited_top_p():
+  """sampling_method=random alone keeps the set's nucleus_sampling=0.9, and says so."""
+  from tensor2tensor.utils import hparam  # pylint: disable=g-import-not-at-top
+  hparams = small_hparams()
+  decode_hp = hparam.HParams(**decoding.UNSET)
+  assert decoding.inherited_top_p_note(hparams, decode_hp) is None  # argmax: greedy
+  decode_hp.sampling_method = "random"
+  assert decoding.sampling_settings(hparams, decode_hp) == (1.0, -1, 0.9)
+  note = decoding.inherited_top_p_note(hparams, decode_hp)
+  assert "nucleus_sampling=0.9" in note and "nucleus_sampling=1.0" in note
+  decode_hp.nucleus_sampling = 0.9  # set explicitly: no note
+  assert decoding.inherited_top_p_note(hparams, decode_hp) is None
+  decode_hp.nucleus_sampling = 1.0
+  assert decoding.sampling_settings(hparams, decode_hp) == (1.0, -1, 1.0)
+  assert decoding.inherited_top_p_note(hparams, decode_hp) is None
+
+
 def test_decode_steps_compile_with_xla(rng):
   """The one-position attention and the cache write compile with XLA (TPU proxy)."""
   q, k, v = qkv(rng)
