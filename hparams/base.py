@@ -73,6 +73,9 @@ def sparse_transformer_local():
       decay=0.999,
       target_dropout=0.0,
       add_timing_signal=False,
+      # Full attention (the paper's "Transformer" baseline): every non-routing head attends to
+      # all earlier tokens (one block spanning the sequence); query_shape/memory_flange unused.
+      full_attention=False,
       routing_mode="topk",       # "topk" (paper) or "causal_window" (strictly causal)
       random_routing=False,      # Random Transformer baseline: members drawn at random
       # Legacy switch for original-release checkpoints trained with share_qk=False: causal keys

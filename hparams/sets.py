@@ -63,6 +63,12 @@ def _no_relative(hparams):
   return hparams
 
 
+def _full(hparams):
+  """Every head attends to all earlier tokens (dense causal; the paper's "Transformer")."""
+  hparams.full_attention = True
+  return hparams
+
+
 def _wikitext(hparams):
   """WikiText-103 regularisation: attn/relu/dropout 0.4, target dropout, weight decay."""
   hparams.attention_dropout = 0.4
@@ -217,6 +223,13 @@ def cifar10_local_cluster():
 
 
 @registry.register_hparams
+def cifar10_full():
+  """CIFAR-10 full attention, the paper's Table 1 "Transformer" row (2.983 bits/dim): the depth
+  and width of `cifar10_local_cluster` (12 layers, 8 heads), every head dense causal."""
+  return _full(_image_set(3072, layers=12, local=8))
+
+
+@registry.register_hparams
 def imagenet_local1d():
   """ImageNet-64 local-attention baseline."""
   return _image_set(12288, layers=24, local=16, dropout=0.3)
@@ -316,6 +329,35 @@ def local_transformer_tiny():
 
 
 @registry.register_hparams
+def full_transformer_tiny():
+  """`local_transformer_tiny` with full attention: the ceiling of the tiny comparisons."""
+  return _full(local_transformer_tiny())
+
+
+# Tiny sets for the 1,024-token one-hop retrieval problems (problems/retrieval.py).
+
+
+@registry.register_hparams
+def routing_transformer_tiny1k():
+  """`routing_transformer_tiny` over 1,024 tokens (4 sequences a step): 8 clusters x 128."""
+  hparams = _length(routing_transformer_tiny(), 1024)
+  hparams.batch_size = 4096
+  return _heads(hparams, local=2, routing=2, skip_first=1, clusters=8, window=128)
+
+
+@registry.register_hparams
+def local_transformer_tiny1k():
+  """`routing_transformer_tiny1k` with local heads only."""
+  return _heads(routing_transformer_tiny1k(), local=4, skip_first=1)
+
+
+@registry.register_hparams
+def full_transformer_tiny1k():
+  """`local_transformer_tiny1k` with full attention."""
+  return _full(local_transformer_tiny1k())
+
+
+@registry.register_hparams
 def routing_transformer_test():
   """Smallest routing set, for unit tests."""
   hparams = _length(base.sparse_transformer_local(), 64)
@@ -364,3 +406,9 @@ def pg19_local_cluster_tiny2k():
 def pg19_local_tiny2k():
   """`pg19_local_cluster_tiny2k` with local heads only (same head count, widths, layers)."""
   return _heads(pg19_local_cluster_tiny2k(), local=4, skip_first=1)
+
+
+@registry.register_hparams
+def pg19_full_tiny2k():
+  """`pg19_local_tiny2k` with full attention (every head sees all earlier subwords)."""
+  return _full(pg19_local_tiny2k())

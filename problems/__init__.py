@@ -10,6 +10,7 @@ _BEFORE = set(registry.list_base_problems())
 from problems import enwik8
 from problems import images
 from problems import pg19
+from problems import retrieval
 from problems import synthetic
 from problems import wikitext103
 

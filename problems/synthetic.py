@@ -60,13 +60,17 @@ class Layout(collections.namedtuple("Layout", ["length", "num_pairs"])):
   def filler_length(self):
     return self.length - 4 * self.num_pairs
 
+  def far_positions(self):
+    """Target positions of the values in the final section (each needs a far look-up)."""
+    return [self.query_start + 2 * i + 1 for i in range(self.num_pairs)]
+
 
 DEFAULT = Layout(LENGTH, NUM_PAIRS)
 
 
 def far_positions(layout=DEFAULT):
-  """Target positions of the values in the final section (each needs a far look-up)."""
-  return [layout.query_start + 2 * i + 1 for i in range(layout.num_pairs)]
+  """The far target positions of `layout` (any layout with a `far_positions()` method)."""
+  return layout.far_positions()
 
 
 def far_mask(length=LENGTH, layout=DEFAULT):

@@ -44,8 +44,10 @@ def routing_heads(hparams, layer_index):
 class KMeansStep(object):
   """What a routing layer hands to the model for the (shard-combined) centroid update."""
 
-  def __init__(self, km, x_hats, clusters, weights):
+  def __init__(self, km, x_hats, clusters, weights, statistics=None):
     self.km, self.x_hats, self.clusters, self.weights = km, x_hats, clusters, weights
+    # Scalars of routing.routing_statistics (the model writes them as TRAIN summaries).
+    self.routing_statistics = statistics or {}
 
   def statistics(self):
     """(counts [h, c], sums [h, c, d]) of this shard."""
@@ -117,11 +119,22 @@ def attention_output(out, hparams, train=False):
   return dense(heads.combine_heads(out), hparams.hidden_size, "output_transform")
 
 
-def head_config(hparams):
-  """The heads.HeadConfig of a model's hparams."""
+def local_span(hparams, length):
+  """(block, flange) of the non-routing heads over `length` positions: the hparams'
+  query_shape / memory_flange, or with `full_attention` one block of the whole length and no
+  flange (dense causal attention: every earlier token, with the same relative positions)."""
+  if hparams.get("full_attention", False):
+    return length, 0
+  return hparams.query_shape[0], hparams.memory_flange[0]
+
+
+def head_config(hparams, length=None):
+  """The heads.HeadConfig of a model's hparams (`length`: the static sequence length, needed
+  with full_attention; default max_target_length or max_length)."""
+  block, flange = local_span(hparams, length or hparams.max_target_length or hparams.max_length)
   return heads.HeadConfig(
-      window=hparams.sparsity_cluster_attention_window, block_length=hparams.query_shape[0],
-      flange=hparams.memory_flange[0], share_qk=hparams.share_qk,
+      window=hparams.sparsity_cluster_attention_window, block_length=block,
+      flange=flange, share_qk=hparams.share_qk,
       routing_mode=hparams.routing_mode, random_routing=hparams.random_routing,
       legacy_causal_key_routing=hparams.legacy_causal_key_routing)
 
@@ -153,18 +166,23 @@ def self_attention(x, hparams, layer_index, padding, causal=True, train=False,
     options = routing_options(hparams, layer_index)
   if num_local:
     local_tables = local_variables(hparams, layer_index)
-  out, aux = heads.mixed_heads(q, k, v, num_routing, head_config(hparams), causal, padding,
+  out, aux = heads.mixed_heads(q, k, v, num_routing, head_config(hparams, x.shape[1]), causal,
+                               padding,
                                means, routing_tables, local_tables, options)
   if num_routing:
     x_hats, clusters = kmeans.routed_vectors(aux, hparams.share_qk)
     loss = km.loss(aux["commitment_loss"], x_hats, clusters, aux["weights"])
-    step = KMeansStep(km, x_hats, clusters, aux["weights"]) if train else None
+    if train:
+      statistics = routing.routing_statistics(aux["member_count"], aux["self_weight"],
+                                              aux["weights"])
+      step = KMeansStep(km, x_hats, clusters, aux["weights"], statistics)
   return attention_output(out, hparams, train), loss, step
 
 
 def local_ring_size(hparams, length):
   """Slots of the local heads' ring cache: the block and its flange (at most the length)."""
-  return min(length, hparams.memory_flange[0] + hparams.query_shape[0])
+  block, flange = local_span(hparams, length)
+  return min(length, flange + block)
 
 
 def self_attention_cache(hparams, layer_index, batch, length, dtype=tf.float32):
@@ -240,15 +258,16 @@ def self_attention_step(x, hparams, layer_index, cache, position):
           relative_values=rel_v, **options))
   if num_local:
     rel_k, rel_v = local_variables(hparams, layer_index)
-    slot = position % cache["local_pos"].shape[1]
+    ring = cache["local_pos"].shape[1]
+    block, flange = local_span(hparams, ring)  # full_attention: the ring is the whole length
+    slot = position % ring
     cache["local_k"] = incremental.write_cache(cache["local_k"], k[:, num_routing:], slot)
     cache["local_v"] = incremental.write_cache(cache["local_v"], v[:, num_routing:], slot)
     cache["local_pos"] = incremental.write_cache(
         cache["local_pos"], tf.fill([tf.shape(x)[0], 1], position), slot, axis=1)
     outputs.append(incremental.local_ring_step(
         q[:, num_routing:], cache["local_k"], cache["local_v"], cache["local_pos"][0], position,
-        hparams.query_shape[0], hparams.memory_flange[0], relative_keys=rel_k,
-        relative_values=rel_v, scale=1.0))
+        block, flange, relative_keys=rel_k, relative_values=rel_v, scale=1.0))
   out = tf.concat(outputs, axis=1) if len(outputs) > 1 else outputs[0]
   return attention_output(out, hparams), cache
 

@@ -47,10 +47,11 @@ def check_hparams(hparams, length=None):
     problems.append("hidden_size=%d is not divisible by local_num_heads + "
                     "sparsity_cluster_num_heads = %d; change one of them"
                     % (hparams.hidden_size, heads))
-  if block <= 0 or length % block:
+  full = hparams.get("full_attention", False)
+  if not full and (block <= 0 or length % block):
     problems.append("max_length/max_target_length=%d is not a multiple of query_shape=%d; use "
                     "e.g. max_length=%d" % (length, block, -(-length // max(block, 1)) * block))
-  if block > 0 and flange % block:
+  if not full and block > 0 and flange % block:
     problems.append("memory_flange=%d is not a multiple of query_shape=%d" % (flange, block))
   routing = hparams.sparsity_cluster_num_heads > 0 and (
       hparams.sparsity_skip_first < hparams.num_decoder_layers or
@@ -340,7 +341,10 @@ class RoutingTransformer(t2t_model.T2TModel):
     op, _ = km.update_from_statistics(counts, sums, candidates)
     if common_layers.should_generate_summaries():
       name = km.means.name.split("/body/")[-1].replace("/means:0", "")
-      for key, value in kmeans.occupancy(counts).items():
+      scalars = dict(kmeans.occupancy(counts))  # cluster balance: min/max share, entropy
+      for key in steps[0].routing_statistics:  # no_cluster_share, self_attention_share
+        scalars[key] = tf.add_n([s.routing_statistics[key] for s in steps]) / len(steps)
+      for key, value in scalars.items():
         tf1.summary.scalar("routing/%s/%s" % (name, key), value)
     return op
 

@@ -1,16 +1,20 @@
-"""`make demo-long-range`: routing vs local attention on the synthetic long-range recall task.
+"""`make demo-long-range`: full, routing and local attention on a one-hop long-range retrieval.
 
-1. t2t-datagen: the synthetic long-range recall problem (`synthetic_long_range`, no download);
-2. t2t-trainer: a tiny routing model and a tiny local-only model, same steps, evaluated a few times
-   during training (a status line shows step, loss, speed, ETA);
-3. predictions for a few eval sequences: the values each model recalls at the far positions;
-4. t2t-decoder (cached decoding, greedy): each model continues the first 480 tokens of a few eval
-   sequences (pairs + filler) and an empty prompt; generated `k v` pairs are scored against the
-   pairs in the prompt (free-generation recall);
-5. a comparison table (loss, far/near accuracy, training speed) in demo_output/long_range/summary.{md,json};
+1. t2t-datagen: the retrieval problem (`long_range_retrieval_1k`, problems/retrieval.py: 16
+   stored items [key, value], a filler, 16 queries whose answers lie 960+ tokens back; no
+   download);
+2. t2t-trainer: tiny full-attention (the ceiling), routing and local-only models (1,024 tokens,
+   same size), same steps, evaluated a few times during training (a status line
+   shows step, loss, speed, ETA);
+3. predictions for a few eval sequences: the items each model retrieves at the far positions;
+4. t2t-decoder (cached decoding, greedy): each model continues a few eval sequences cut before
+   the query section, and an empty prompt; generated `?k item` pairs are scored against the
+   items stored in the prompt (free-generation recall);
+5. a comparison table (loss, far/near accuracy, training speed, attention FLOPs and memory
+   relative to full attention from the hparams) in demo_output/long_range/summary.{md,json};
 6. what routing learns (`routing_transformer.analysis` on the routing run: attention patterns,
    head focus, cluster occupancy, head JS divergence in <output>/analysis/) and the training
-   curves of both runs (`routing_transformer.curves`, <output>/curves.png).
+   curves of all runs (`routing_transformer.curves`, <output>/curves.png).
 
     .venv/bin/python scripts/demo_long_range.py [--steps 2500] [--output demo_output/long_range]
 """
@@ -25,8 +29,23 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from t2t_runs import ROOT, eval_metrics, log, pictures, quiet_tensorflow, t2t, train, train_speed  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 quiet_tensorflow()  # this process predicts, reads event files and draws: no TF noise
-PROBLEM = "synthetic_long_range"
-MODELS = [("routing", "routing_transformer_tiny"), ("local", "local_transformer_tiny")]
+PROBLEM = "long_range_retrieval_1k"
+MODELS = [("full", "full_transformer_tiny1k"), ("routing", "routing_transformer_tiny1k"),
+          ("local", "local_transformer_tiny1k")]
+
+
+def layout_and_encoder(problem_name=PROBLEM):
+  from problems import retrieval  # pylint: disable=g-import-not-at-top
+  layout = retrieval.LAYOUTS[problem_name]
+  return layout, retrieval.RetrievalEncoder(layout)
+
+
+def relative_cost(hparams_set):
+  """(attention FLOPs, attention memory) of `hparams_set` relative to full attention."""
+  import hparams  # pylint: disable=g-import-not-at-top,unused-import
+  from routing_transformer import cost  # pylint: disable=g-import-not-at-top
+  from tensor2tensor.utils import registry  # pylint: disable=g-import-not-at-top
+  return cost.relative_to_full(registry.hparams(hparams_set))
 
 
 def far_predictions(run_dir, hparams_set, data_dir, num=3):
@@ -34,15 +53,16 @@ def far_predictions(run_dir, hparams_set, data_dir, num=3):
   import numpy as np  # pylint: disable=g-import-not-at-top
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   import t2t_usr_dir  # pylint: disable=g-import-not-at-top,unused-import
-  from problems import synthetic  # pylint: disable=g-import-not-at-top
+  from problems import retrieval  # pylint: disable=g-import-not-at-top
   from tensor2tensor.utils import registry  # pylint: disable=g-import-not-at-top
   from tensor2tensor.utils import trainer_lib  # pylint: disable=g-import-not-at-top
   tf1 = tf.compat.v1
   tf.get_logger().setLevel("ERROR")
+  layout, encoder = layout_and_encoder()
   hparams = trainer_lib.create_hparams(hparams_set, data_dir=data_dir, problem_name=PROBLEM)
-  eval_seqs = synthetic.generate_samples(synthetic.EVAL_SEED, num)
+  eval_seqs = retrieval.generate_samples(retrieval.EVAL_SEED, num, layout)
   with tf.Graph().as_default():
-    targets = tf1.placeholder(tf.int32, [num, synthetic.LENGTH, 1, 1])
+    targets = tf1.placeholder(tf.int32, [num, layout.length, 1, 1])
     model = registry.model("routing_transformer")(hparams, tf.estimator.ModeKeys.EVAL)
     logits, _ = model({"targets": targets})
     with tf1.Session() as sess:
@@ -51,19 +71,19 @@ def far_predictions(run_dir, hparams_set, data_dir, num=3):
   predicted = out[:, :, 0, 0, :].argmax(-1)
   rows = []
   for seq, pred in zip(eval_seqs, predicted):
-    pairs = ["%s->%s%s" % (synthetic.token_name(seq[p - 1]), synthetic.token_name(pred[p]),
-                           "" if pred[p] == seq[p] else "(want %s)" % synthetic.token_name(seq[p]))
-             for p in synthetic.far_positions()]
+    pairs = ["%s->%s%s" % (encoder.token_name(seq[p - 1]), encoder.token_name(pred[p]),
+                           "" if pred[p] == seq[p] else "(want %s)" % encoder.token_name(seq[p]))
+             for p in layout.far_positions()]
     rows.append(" ".join(pairs))
   return rows
 
 
 def decode_samples(run_dir, hparams_set, data_dir, output, num=3, extra_length=32):
   """t2t-decoder on prompts cut before the query section; returns (rows, recalled, pairs)."""
-  from problems import synthetic  # pylint: disable=g-import-not-at-top
-  sequences = synthetic.generate_samples(synthetic.EVAL_SEED, num)
-  prompts = [" ".join(synthetic.token_name(i) for i in seq[:synthetic.QUERY_START])
-             for seq in sequences] + [""]
+  from problems import retrieval  # pylint: disable=g-import-not-at-top
+  layout, encoder = layout_and_encoder()
+  sequences = retrieval.generate_samples(retrieval.EVAL_SEED, num, layout)
+  prompts = [encoder.decode(seq[:layout.query_start]) for seq in sequences] + [""]
   prompts_file = os.path.join(output, "prompts.txt")
   with open(prompts_file, "w") as f:
     f.write("\n".join(prompts) + "\n")
@@ -82,11 +102,12 @@ def decode_samples(run_dir, hparams_set, data_dir, output, num=3, extra_length=3
     rows.append(" ".join(words))
     if seq is None:
       continue
-    truth = {seq[i + 1]: seq[i] for i in range(0, 2 * synthetic.NUM_PAIRS, 2)}  # key -> value
+    stored = {encoder.token_name(i).split("v")[0][1:]: encoder.token_name(i)
+              for i in seq[:layout.num_items]}  # key -> stored item
     for a, b in zip(words, words[1:]):
-      if a.startswith("k") and b.startswith("v") and synthetic.token_id(a) in truth:
+      if a.startswith("?") and a[1:] in stored and b.startswith("k") and "v" in b:
         pairs += 1
-        recalled += int(truth[synthetic.token_id(a)] == synthetic.token_id(b))
+        recalled += int(stored[a[1:]] == b)
   return rows, recalled, pairs
 
 
@@ -105,7 +126,8 @@ def main():
   if glob.glob(os.path.join(data_dir, PROBLEM + "-dev-*")):
     log("data already in %s" % data_dir)
   else:
-    log("t2t-datagen --problem=%s (20,000 train + 1,000 eval sequences of 512 tokens)" % PROBLEM)
+    log("t2t-datagen --problem=%s (20,000 train + 500 eval sequences of 1,024 tokens)"
+        % PROBLEM)
     t2t("t2t-datagen", ["--problem=" + PROBLEM, "--data_dir=" + data_dir,
                         "--tmp_dir=" + os.path.join(args.output, "tmp")],
         os.path.join(args.output, "datagen.log"))
@@ -120,8 +142,9 @@ def main():
     seconds = train(run_dir, PROBLEM, hparams_set, data_dir, args.steps, args.eval_steps,
                     eval_every=eval_every)
     metrics = eval_metrics(run_dir)
+    flops, memory = relative_cost(hparams_set)
     metrics.update(train_seconds=seconds, steps_per_sec=train_speed(run_dir),
-                   hparams_set=hparams_set)
+                   hparams_set=hparams_set, attention_flops=flops, attention_memory=memory)
     metrics["samples"] = far_predictions(run_dir, hparams_set, data_dir)
     log("t2t-decoder --hparams_set=%s: continuing %d eval prompts and 1 empty prompt" % (
         hparams_set, 3))
@@ -133,33 +156,36 @@ def main():
         metrics.get("near_accuracy", float("nan"))))
 
   table = ["| model | hparams set | steps | eval loss | far accuracy | near accuracy | "
-           "generated k v pairs recalled | steps/s | wall s |",
-           "|---|---|---|---|---|---|---|---|---|"]
+           "generated ?k item pairs recalled | steps/s | wall s | attention FLOPs / full | "
+           "attention memory / full |",
+           "|---|---|---|---|---|---|---|---|---|---|---|"]
   for name, m in results.items():
-    table.append("| %s | %s | %d | %.4f | %.3f | %.3f | %d / %d | %.1f | %.0f |" % (
+    table.append("| %s | %s | %d | %.4f | %.3f | %.3f | %d / %d | %.1f | %.0f | %.3f | %.3f |" % (
         name, m["hparams_set"], m["step"], m.get("loss", float("nan")),
         m.get("far_accuracy", float("nan")), m.get("near_accuracy", float("nan")),
         m["generated_recalled"], m["generated_pairs"], m["steps_per_sec"],
-        m["train_seconds"]))
-  chance = 1.0 / 32
+        m["train_seconds"], m["attention_flops"], m["attention_memory"]))
+  layout, _ = layout_and_encoder()
   summary = "\n".join(table) + (
-      "\n\nFar positions: the 16 values of the final section, whose key-value pair is 448+ "
-      "positions back (beyond local reach of 128); chance is %.3f.\n" % chance)
+      "\n\nFar positions: the %d stored items asked for in the final section, %d+ positions "
+      "after the item (beyond local reach); chance is %.3f (1 / values per key). Attention cost "
+      "from the hparams (routing_transformer.cost).\n" % (
+          layout.num_queries, layout.min_far_distance, 1.0 / layout.num_values))
   samples = "\n".join("%s sample %d: %s" % (name, i, row) for name, m in results.items()
                       for i, row in enumerate(m["samples"]))
   generated = "\n".join("%s %s: %s" % (name, "prompt %d" % i if i < len(m["generated"]) - 1
                                         else "no prompt", row)
                         for name, m in results.items() for i, row in enumerate(m["generated"]))
   with open(os.path.join(args.output, "summary.md"), "w") as f:
-    f.write(summary + "\nRecalled values (key->predicted):\n" + samples + "\n" +
-            "\nGenerated by t2t-decoder after the pairs + filler (greedy, 32 tokens):\n" +
+    f.write(summary + "\nRetrieved items (query->predicted):\n" + samples + "\n" +
+            "\nGenerated by t2t-decoder after the items + filler (greedy, 32 tokens):\n" +
             generated + "\n")
   with open(os.path.join(args.output, "summary.json"), "w") as f:
     json.dump(results, f, indent=1)
   print("\n" + summary)
-  print("Recalled values at the far positions (key->predicted value):\n" + samples)
-  print("\nGenerated by t2t-decoder after the pairs + filler (greedy, 32 tokens; %s):\n"
-        % os.path.join(args.output, "<model>.decodes.tsv") + generated)
+  print("Retrieved items at the far positions (query->predicted item):\n" + samples)
+  print("\nGenerated by t2t-decoder after the items + filler (greedy, 32 tokens; "
+        "%s):\n" % os.path.join(args.output, "<model>.decodes.tsv") + generated)
   pictures(args.output, PROBLEM, data_dir, [name for name, _ in MODELS],
            "Head focus and JS divergence of the routing model")
   log("done in %.0f s; outputs under %s" % (time.time() - started, args.output))

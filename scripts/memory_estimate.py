@@ -40,14 +40,17 @@ VOCAB = 32768  # the released vocabulary, vocab.pg19_length8k.32768.subwords
 
 
 def config_from_hparams(hp):
-  """The estimate's config from T2T hparams (for the test against the registry)."""
+  """The estimate's config from T2T hparams (for the test against the registry);
+  full_attention: one block of the whole length, no flange (as layers.local_span)."""
+  length = hp.max_target_length or hp.max_length
+  full = hp.get("full_attention", False)
   return dict(
-      length=hp.max_target_length or hp.max_length, hidden=hp.hidden_size,
+      length=length, hidden=hp.hidden_size,
       embedding=hp.embedding_dims, filter=hp.filter_size, layers=hp.num_decoder_layers,
       local_heads=hp.local_num_heads, routing_heads=hp.sparsity_cluster_num_heads,
       skip_first=hp.sparsity_skip_first, clusters=hp.sparsity_cluster_size,
-      window=hp.sparsity_cluster_attention_window, block=hp.query_shape[0],
-      flange=hp.memory_flange[0], max_relative_position=hp.max_relative_position,
+      window=hp.sparsity_cluster_attention_window, block=length if full else hp.query_shape[0],
+      flange=0 if full else hp.memory_flange[0], max_relative_position=hp.max_relative_position,
       local_relative=hp.local_relative, routing_relative=hp.sparsity_cluster_relative,
       head_dense=hp.head_dense, ffn=hp.ffn_layer, ema=hp.ema)
 

@@ -124,6 +124,7 @@ def session_run(fetches, setup=None):
 LOCAL = dict(sparsity_cluster_num_heads=0, local_num_heads=4)
 ARCHITECTURES = {
     "local": LOCAL,
+    "full": dict(LOCAL, full_attention=True),
     "local_prenorm_timing_relu": dict(LOCAL, layer_preprocess_sequence="n",
                                       layer_postprocess_sequence="da", add_timing_signal=True,
                                       ffn_layer="dense_relu_dense", embedding_dims=16),

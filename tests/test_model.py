@@ -83,6 +83,7 @@ def test_shorter_batches_are_padded_to_the_static_length(rng):
 
 @pytest.mark.parametrize("overrides", [
     dict(sparsity_cluster_num_heads=0, local_num_heads=4),
+    dict(sparsity_cluster_num_heads=0, local_num_heads=4, full_attention=True),
     dict(sparsity_cluster_num_heads=0, local_num_heads=4, ffn_layer="dense_relu_dense",
          layer_preprocess_sequence="n", layer_postprocess_sequence="da", head_dense=False),
 ])

@@ -123,4 +123,9 @@ def causal_window_attention(q, k, v, centroids, window, share_qk=True, padding=N
     out = common.zero_empty_rows(out, allowed)
   out = tf.reshape(out, [-1, heads, padded_n, v.shape[-1]])[:, :, :n]
   unsort = tf.argsort(order, axis=-1)
+  # Diagnostics (as routing_attention's): every query is in its cluster; its weight on itself.
+  self_probs = tf.reduce_sum(probs * tf.cast(tf.equal(distance, 0), probs.dtype), axis=-1)
+  self_probs = tf.reshape(self_probs, [-1, heads, padded_n])[:, :, :n]
+  aux["member_count"] = tf.ones_like(self_probs)
+  aux["self_weight"] = tf.gather(self_probs, unsort, axis=2, batch_dims=2)
   return tf.gather(out, unsort, axis=2, batch_dims=2), aux

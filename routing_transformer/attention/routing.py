@@ -231,4 +231,34 @@ def routing_attention(q, k, v, centroids, window, causal=True, share_qk=True, pa
   summed = scatter_clusters(out_c, query_indices, n)
   ones = tf.ones_like(query_indices, dtype=summed.dtype)[..., tf.newaxis]
   count = scatter_clusters(ones, query_indices, n)  # [b, h, n, 1]
+  # Diagnostics (graph mode computes them only where used: the TRAIN summaries).
+  is_self = tf.cast(tf.equal(query_indices[..., :, tf.newaxis], key_indices[..., tf.newaxis, :]),
+                    probs.dtype)
+  self_probs = tf.reduce_sum(probs * is_self, axis=-1, keepdims=True)  # [b, h, c, w, 1]
+  aux["member_count"] = count[..., 0]
+  aux["self_weight"] = (scatter_clusters(self_probs, query_indices, n) /
+                        (count + COUNT_EPSILON))[..., 0]
   return summed / (count + COUNT_EPSILON), aux
+
+
+def routing_statistics(member_count, self_weight, weights):
+  """What holds routing heads back, as two scalars (TRAIN summaries; docs/routing_learning.md).
+
+  Args:
+    member_count: [b, h, n] number of clusters each query is in (aux "member_count").
+    self_weight: [b, h, n] attention weight of each query on its own position (aux
+      "self_weight"; combined over its clusters as the output is).
+    weights: [b, n] 1 for real positions, 0 for padding.
+  Returns:
+    dict of float32 scalars: "no_cluster_share", the share of real queries in no cluster (their
+    routing output is 0); "self_attention_share", the mean weight on self over the real queries
+    that are in a cluster.
+  """
+  weights = tf.cast(weights, tf.float32)[:, tf.newaxis, :] * tf.ones_like(self_weight,
+                                                                          tf.float32)
+  routed = tf.cast(member_count > 0, tf.float32) * weights
+  return {
+      "no_cluster_share": 1.0 - tf.reduce_sum(routed) / tf.maximum(tf.reduce_sum(weights), 1.0),
+      "self_attention_share": tf.reduce_sum(tf.cast(self_weight, tf.float32) * routed) /
+                              tf.maximum(tf.reduce_sum(routed), 1.0),
+  }

@@ -82,6 +82,9 @@ def check_mtf_hparams(hparams, vocab_size=None):
                     "or --model=routing_transformer" % hparams.routing_mode)
   if hparams.random_routing:
     problems.append("random_routing=True is not supported by routing_transformer_mtf")
+  if hparams.get("full_attention", False):
+    problems.append("full_attention=True is not supported by routing_transformer_mtf; use "
+                    "--model=routing_transformer")
   if hparams.label_smoothing:
     problems.append("label_smoothing=%s is not supported; use label_smoothing=0"
                     % hparams.label_smoothing)
