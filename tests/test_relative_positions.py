@@ -90,3 +90,19 @@ def test_skew_and_unskew_are_transposes(rng):
   np.testing.assert_allclose(np.sum(skewed * probs),
                              np.sum(short * common.unskew(tf.constant(probs), 8).numpy()),
                              rtol=1e-12)
+
+
+@pytest.mark.parametrize("axis,start,size", [(-1, 3, 5), (2, 1, 2), (0, 0, 1)])
+def test_slice_axis_equals_strided_slice_values_and_gradients(rng, axis, start, size):
+  """common.slice_axis (tf.slice, whose gradient is a Pad) = the strided slice it replaces."""
+  x = tf.constant(rng.normal(size=(2, 3, 4, 9)))
+  index = [slice(None)] * 4
+  index[axis] = slice(start, start + size)
+  with tf.GradientTape(persistent=True) as tape:
+    tape.watch(x)
+    ours, theirs = common.slice_axis(x, axis, start, size), x[tuple(index)]
+    weights = tf.constant(rng.normal(size=theirs.shape))
+    loss_ours, loss_theirs = tf.reduce_sum(ours * weights), tf.reduce_sum(theirs * weights)
+  np.testing.assert_array_equal(ours.numpy(), theirs.numpy())
+  np.testing.assert_array_equal(tape.gradient(loss_ours, x).numpy(),
+                                tape.gradient(loss_theirs, x).numpy())

@@ -43,7 +43,8 @@ def memory_blocks(x, block_length, before, after):
   padded = tf.pad(x, paddings)
   heads = x.shape[1] if x.shape[1] is not None else -1
   blocks = tf.reshape(padded, [-1, heads, num_blocks + before + after, block_length] + rest)
-  return tf.concat([blocks[:, :, j:j + num_blocks] for j in range(before + 1 + after)], axis=3)
+  return tf.concat([common.slice_axis(blocks, 2, j, num_blocks)
+                    for j in range(before + 1 + after)], axis=3)
 
 
 def local_attention(q, k, v, block_length, flange, causal=True, relative_keys=None,
