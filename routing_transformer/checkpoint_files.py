@@ -125,16 +125,21 @@ def _varint(data, pos):
     shift += 7
 
 
-def _block(table, handle_pos):
-  """(contents of the block whose BlockHandle starts at table[handle_pos], position after the
-  handle). Blocks of a checkpoint index are stored uncompressed (type byte 0)."""
-  offset, pos = _varint(table, handle_pos)
-  size, pos = _varint(table, pos)
+def _handle(data, pos):
+  """(offset, size, next position) of the BlockHandle at data[pos] (two varints)."""
+  offset, pos = _varint(data, pos)
+  size, pos = _varint(data, pos)
+  return offset, size, pos
+
+
+def _block(table, offset, size):
+  """The contents of a table block. Blocks of a checkpoint index are stored uncompressed (a
+  trailer of type byte 0 and a CRC)."""
   if offset + size + 5 > len(table):
     raise ValueError("a block lies beyond the end of the file")
   if table[offset + size] != 0:
     raise ValueError("compressed block (type %d)" % table[offset + size])
-  return table[offset:offset + size], pos
+  return table[offset:offset + size]
 
 
 def _block_entries(block):
@@ -165,13 +170,11 @@ def read_index(prefix):
     table = f.read()
   if len(table) < 48 or int.from_bytes(table[-8:], "little") != _TABLE_MAGIC:
     raise ValueError("not a checkpoint index (%d bytes, no table footer)" % len(table))
-  _, pos = _varint(table, len(table) - 48)  # metaindex handle (unused)
-  _, pos = _varint(table, pos)
-  index_block, _ = _block(table, pos)
+  _, _, pos = _handle(table, len(table) - 48)  # the metaindex block (unused)
+  offset, size, _ = _handle(table, pos)
   header, entries = None, {}
-  for _, handle in _block_entries(index_block):
-    data_block, _ = _block(handle, 0)
-    for key, value in _block_entries(data_block):
+  for _, handle in _block_entries(_block(table, offset, size)):
+    for key, value in _block_entries(_block(table, *_handle(handle, 0)[:2])):
       if key:
         entries[key.decode("utf-8", "replace")] = tensor_bundle_pb2.BundleEntryProto.FromString(
             value)
@@ -191,7 +194,9 @@ def expected_sizes(header, entries):
   sizes = {i: 0 for i in range(header.num_shards)}
   for entry in entries.values():
     if entry.size:
-      sizes[entry.shard_id] = max(sizes.get(entry.shard_id, 0), entry.offset + entry.size)
+      if entry.shard_id not in sizes:
+        raise ValueError("a tensor in data shard %d of %d" % (entry.shard_id, header.num_shards))
+      sizes[entry.shard_id] = max(sizes[entry.shard_id], entry.offset + entry.size)
   return sizes
 
 
@@ -205,11 +210,15 @@ def damage(prefix):
   name = os.path.basename(prefix)
   if not tf.io.gfile.exists(prefix + ".index"):
     return "%s.index is missing" % name
+  from google.protobuf import message  # pylint: disable=g-import-not-at-top
   try:
     header, entries = read_index(prefix)
-  except (ValueError, tf.errors.OpError) as e:
+  except (ValueError, IndexError, KeyError, message.DecodeError, tf.errors.OpError) as e:
     return "%s.index is unreadable (%s)" % (name, getattr(e, "message", e))
-  sizes = expected_sizes(header, entries)
+  try:
+    sizes = expected_sizes(header, entries)
+  except ValueError as e:
+    return "%s.index is unreadable (%s)" % (name, e)
   for shard, path in enumerate(data_files(prefix, header.num_shards)):
     if not tf.io.gfile.exists(path):
       return "%s is missing" % os.path.basename(path)

@@ -31,39 +31,48 @@ def variable_bytes(variables):
              if v.shape.is_fully_defined())
 
 
-class TimedCheckpointHook(tf1.train.CheckpointSaverHook):
+class TimedCheckpointHook(tf1.train.SessionRunHook):
   """Saves a checkpoint every `secs` seconds (0: never) besides the Estimator's step-based ones.
 
   Uses the graph's Saver (the Estimator's), so keep_checkpoint_max counts both kinds; saves
-  nothing at the start and end of a run and nothing at a step already saved by the other hook.
+  nothing at the start and end of a run (the Estimator's hook does) and nothing at a step the
+  other hook already saved. Not a CheckpointSaverHook: the Estimator would then drop its own.
   Also records the variables' bytes for `disk_message` (a first checkpoint that does not fit).
   """
 
   def __init__(self, model_dir, secs):
-    super().__init__(model_dir, save_secs=secs or 10**9)
     self.model_dir, self.secs = model_dir, secs
+    self.saved = []  # steps this hook saved
 
   def begin(self):
-    super().begin()
     _VARIABLE_BYTES[self.model_dir] = variable_bytes(tf1.global_variables())
+    self._step = tf1.train.get_global_step()
+    self._timer = tf1.train.SecondOrStepTimer(every_secs=self.secs) if self.secs else None
 
   def after_create_session(self, session, coord):
     del coord
-    self._timer.update_last_triggered_step(session.run(self._global_step_tensor))
+    if self._timer:
+      self._timer.update_last_triggered_step(session.run(self._step))
+
+  def before_run(self, run_context):
+    del run_context
+    return tf1.train.SessionRunArgs(self._step) if self._timer else None
 
   def after_run(self, run_context, run_values):
-    if self.secs:
-      super().after_run(run_context, run_values)
-
-  def _save(self, session, step):
+    if not self._timer or not self._timer.should_trigger_for_step(run_values.results + 1):
+      return
+    step = int(run_context.session.run(self._step))
+    self._timer.update_last_triggered_step(step)
     latest = tf.train.latest_checkpoint(self.model_dir)
     if latest and checkpoint_files.checkpoint_step(latest) == step:
-      return False  # the step-based hook saved this step
+      return  # the step-based hook saved this step
+    savers = tf1.get_collection(tf1.GraphKeys.SAVERS)
+    if not savers:
+      return
     tf1.logging.info("Saving a time-based checkpoint (every %d s) for step %d.", self.secs, step)
-    return super()._save(session, step)
-
-  def end(self, session):
-    del session  # the Estimator's hook saves the last step
+    savers[0].save(run_context.session, os.path.join(self.model_dir, "model.ckpt"),
+                   global_step=step, write_meta_graph=False)
+    self.saved.append(step)
 
 
 # ---------------------------------------------------------------------------------------------
