@@ -153,7 +153,7 @@ def test_damaged_newest_checkpoint_then_full_disk(trained_run, data_dir, tmp_pat
   steps = checkpoint_steps(source)
   assert len(steps) >= 2, steps
   newest, good = ["model.ckpt-%d" % s for s in steps[-1:-3:-1]]
-  data = os.path.join(source, newest + ".data-00000-of-00001")
+  data = max(glob.glob(os.path.join(source, newest + ".data-*")), key=os.path.getsize)
   full = os.path.getsize(data)
   with open(data, "r+b") as f:
     f.truncate(full // 2)  # a copy cut off half-way
@@ -164,10 +164,10 @@ def test_damaged_newest_checkpoint_then_full_disk(trained_run, data_dir, tmp_pat
   assert decoder.returncode != 0
   assert "Traceback" not in decoder.stderr
   assert error_lines(decoder.stderr) == [
-      "error: checkpoint %s is damaged: %s.data-00000-of-00001 is %d bytes but its index expects "
-      "%d (truncated: an interrupted write or copy). The newest complete checkpoint is %s: pass "
-      "it instead, or copy the damaged files again." % (
-          os.path.join(source, newest), newest, full // 2, full, os.path.join(source, good))]
+      "error: checkpoint %s is damaged: %s is %d bytes but its index expects %d (truncated: an "
+      "interrupted write or copy). The newest complete checkpoint is %s: pass it instead, or copy "
+      "the damaged files again." % (os.path.join(source, newest), os.path.basename(data),
+                                    full // 2, full, os.path.join(source, good))]
 
   out = str(tmp_path / "disk")
   used = sum(os.path.getsize(os.path.join(source, n)) for n in os.listdir(source)
@@ -191,13 +191,13 @@ def test_damaged_newest_checkpoint_then_full_disk(trained_run, data_dir, tmp_pat
     assert trainer.returncode != 0, trainer.stderr[-3000:]
     assert "Traceback" not in trainer.stderr, trainer.stderr[-3000:]
     assert len(lines) == 2, lines
-    assert lines[0].startswith("warning: checkpoint %s is damaged (%s.data-00000-of-00001 is "
-                               % (newest, newest)), lines
+    assert lines[0].startswith("warning: checkpoint %s is damaged (%s is %d bytes"
+                               % (newest, os.path.basename(data), full // 2)), lines
     assert lines[0].endswith("(kept in %s); resuming from %s, the newest complete checkpoint."
                              % (os.path.join(out, "damaged"), os.path.join(out, good))), lines
     assert "Restoring parameters from %s" % os.path.join(out, good) in trainer.stderr
-    assert os.path.getsize(os.path.join(out, "damaged", newest + ".data-00000-of-00001")) == \
-        os.path.getsize(data)  # kept, not deleted
+    assert os.path.getsize(os.path.join(out, "damaged", os.path.basename(data))) == \
+        full // 2  # kept, not deleted
     assert lines[1].startswith("error: no space left on the disk of %s (writing %s/" % (out, out))
     assert "a checkpoint needs ~" in lines[1] and "(the files of %s)" % good in lines[1]
     assert "the next run resumes from %s: free space" % os.path.join(out, good) in lines[1]
