@@ -5,6 +5,7 @@ body runs (after the input pipeline is built). `guard_create_hparams()` wraps th
 unknown hparams set, or hparams our models cannot run with, end the program at once with one
 clear line instead of a traceback from inside the Estimator.
 """
+import os
 import re
 import sys
 
@@ -187,6 +188,87 @@ def guard_create_estimator():
   trainer_lib.create_estimator = create_estimator
 
 
+def _flag(name):
+  try:
+    return getattr(flags.FLAGS, name)
+  except (AttributeError, flags.UnparsedFlagAccessError):
+    return None
+
+
+def guard_checkpoints():
+  """Wraps T2T's create_run_config and create_experiment once (t2t-trainer):
+
+  - before the Estimator exists, the chief makes the run restore the newest complete checkpoint
+    (`checkpoint_files.prepare_resume`: a damaged newest one is moved to <output_dir>/damaged/,
+    with one warning line), or stops with one line when none is complete;
+  - `--save_checkpoints_secs=S` saves every S seconds *as well as* every
+    max(iterations_per_loop, local_eval_frequency) steps (T2T alone replaces the steps by the
+    seconds); without the flag, every `reliability.DEFAULT_CHECKPOINT_SECS` (0 turns it off).
+    On TPU T2T's behaviour is kept.
+  """
+  from tensor2tensor.utils import trainer_lib  # pylint: disable=g-import-not-at-top
+  from routing_transformer import checkpoint_files  # pylint: disable=g-import-not-at-top
+  from routing_transformer import reliability  # pylint: disable=g-import-not-at-top
+  original_config, original_experiment = trainer_lib.create_run_config, trainer_lib.create_experiment
+  if getattr(original_experiment, "_routing_guard", False):
+    return
+  timed = {}
+
+  def create_run_config(*args, **kwargs):
+    if not (kwargs.get("use_tpu") or kwargs.get("use_tpu_estimator")):
+      secs = kwargs.get("save_checkpoints_secs")
+      given = "save_checkpoints_secs" in flags.FLAGS and flags.FLAGS[
+          "save_checkpoints_secs"].present
+      timed["secs"] = secs if (secs or given) else reliability.DEFAULT_CHECKPOINT_SECS
+      kwargs["save_checkpoints_secs"] = None
+    return original_config(*args, **kwargs)
+
+  def create_experiment(run_config, hparams, *args, **kwargs):
+    if run_config.is_chief:
+      try:
+        warning = checkpoint_files.prepare_resume(run_config.model_dir)
+      except checkpoint_files.DamagedCheckpointError as e:
+        sys.exit("error: %s" % e)
+      if warning:
+        sys.stderr.write(warning + "\n")
+    if "secs" in timed and run_config.model_dir:
+      hooks = list(kwargs.get("additional_train_hooks") or [])
+      hooks.append(reliability.TimedCheckpointHook(run_config.model_dir, timed["secs"]))
+      kwargs["additional_train_hooks"] = hooks
+    return original_experiment(run_config, hparams, *args, **kwargs)
+
+  create_experiment._routing_guard = True  # pylint: disable=protected-access
+  trainer_lib.create_run_config = create_run_config
+  trainer_lib.create_experiment = create_experiment
+
+
+def guard_decoding_checkpoints():
+  """Wraps T2T's decode_from_dataset / decode_from_file / decode_interactively once
+  (t2t-decoder): the checkpoint to restore (--checkpoint_path, else the latest in --output_dir)
+  is checked first; a damaged or missing one stops with one line naming the newest good one."""
+  from tensor2tensor.utils import decoding  # pylint: disable=g-import-not-at-top
+  from routing_transformer import checkpoint_files  # pylint: disable=g-import-not-at-top
+
+  def checked(original):
+    if getattr(original, "_checkpoint_guard", False):
+      return original
+
+    def decode(estimator, *args, **kwargs):
+      path = kwargs.get("checkpoint_path") or estimator.model_dir
+      try:
+        checkpoint_files.find_checkpoint(path)
+      except checkpoint_files.CheckpointError as e:
+        sys.exit("error: %s" % e)
+      return original(estimator, *args, **kwargs)
+
+    decode._checkpoint_guard = True  # pylint: disable=protected-access
+    decode._routing_guard = getattr(original, "_routing_guard", False)  # pylint: disable=protected-access
+    return decode
+
+  for name in ("decode_from_dataset", "decode_from_file", "decode_interactively"):
+    setattr(decoding, name, checked(getattr(decoding, name)))
+
+
 def gpus_visible():
   """Whether TensorFlow sees a GPU (CUDA_VISIBLE_DEVICES respected)."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
@@ -330,6 +412,28 @@ def non_finite_message(error):
           "nan_guard=False to let it run." % nonfinite)
 
 
+def disk_message(kind, value, traceback):
+  """One line for a write that failed for lack of disk (full, read-only, vanished folder), with
+  the full traceback written to a log file it names; or None (`reliability.disk_message`)."""
+  from routing_transformer import reliability  # pylint: disable=g-import-not-at-top
+  try:
+    problem = reliability.disk_problem(value)
+  except Exception:  # pylint: disable=broad-except
+    return None
+  if not problem:
+    return None
+  log_path = reliability.write_traceback(kind, value, traceback)
+  output_dir, data_dir = _flag("output_dir"), _flag("data_dir")
+  if output_dir:
+    output_dir = os.path.expanduser(output_dir)
+  if data_dir:
+    data_dir = os.path.expanduser(data_dir)
+  program = os.path.basename(sys.argv[0] or "")
+  return reliability.disk_message(problem[0], problem[1],
+                                  model_dir=None if program == "t2t-datagen" else output_dir,
+                                  data_dir=data_dir, log_path=log_path)
+
+
 def install_error_hook():
   """Uncaught errors marked `one_line` (e.g. problems.errors.DataError) print as one line.
 
@@ -340,6 +444,10 @@ def install_error_hook():
     return
 
   def hook(kind, value, traceback):
+    disk = disk_message(kind, value, traceback)
+    if disk:
+      sys.stderr.write("error: %s\n" % disk)
+      return
     for message in (own_one_line, wrapped_one_line, unknown_name_message, datagen_problem_message,
                     corrupt_record_message, vocabulary_mismatch_message, non_finite_message):
       text = message(value)

@@ -1,7 +1,10 @@
-"""Training survives SIGKILL: t2t-trainer restarted with the same flags resumes from the last
-checkpoint, with centroids and EMA statistics restored (not re-initialised)."""
+"""Training survives SIGKILL, a damaged checkpoint and a full disk: t2t-trainer restarted with the
+same flags resumes from the newest complete checkpoint, with centroids and EMA statistics restored
+(not re-initialised); the failures are one line each."""
 import glob
 import os
+import random
+import shutil
 import signal
 import subprocess
 import time
@@ -12,6 +15,8 @@ import tensorflow.compat.v1 as tf
 
 from conftest import BIN
 from conftest import ROOT
+from conftest import run_t2t
+from routing_transformer import checkpoint_files
 
 pytestmark = pytest.mark.slow
 DECAY = 0.999  # routing_transformer_tiny's EMA decay (hparams `decay`)
@@ -39,29 +44,49 @@ def ema_count_totals(prefix):
           for name in reader.get_variable_to_shape_map() if name.endswith("ema_count")}
 
 
-def test_sigkill_then_restart_resumes_from_the_last_checkpoint(data_dir, tmp_path):
-  out = str(tmp_path / "run")
-  steps = 9  # checkpoints every 3 steps: the kill lands at 3 or 6
-  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
-  with open(str(tmp_path / "first.log"), "w") as log:
-    proc = subprocess.Popen(trainer_cmd(data_dir, out, steps), stdout=log, stderr=log, cwd=ROOT,
-                            env=env)
+def run_until_killed(cmd, log_path, out, after, rng, env):
+  """Starts the trainer and SIGKILLs it at a random moment (0-0.5 s) after it wrote a checkpoint
+  newer than `after`; returns its log."""
+  with open(log_path, "w") as log:
+    proc = subprocess.Popen(cmd, stdout=log, stderr=log, cwd=ROOT, env=env)
     deadline = time.time() + 600
-    while not checkpoint_steps(out) or checkpoint_steps(out)[-1] < 3:
-      assert proc.poll() is None, open(str(tmp_path / "first.log")).read()[-3000:]
+    while not checkpoint_steps(out) or checkpoint_steps(out)[-1] <= after:
+      assert proc.poll() is None, open(log_path).read()[-3000:]
       assert time.time() < deadline
       time.sleep(0.2)
+    time.sleep(rng.uniform(0.0, 0.5))
     proc.send_signal(signal.SIGKILL)
     proc.wait()
-  killed_at = int(tf.train.latest_checkpoint(out).split("-")[-1])  # what a restart restores
-  assert 3 <= killed_at < steps, "the kill must land mid-training"
+  with open(log_path) as f:
+    return f.read()
+
+
+def test_random_sigkills_then_restarts_resume_from_the_newest_checkpoint(data_dir, tmp_path):
+  out = str(tmp_path / "run")
+  steps, kills = 12, 2  # checkpoints every 3 steps; each kill lands after a new one
+  seed = int(time.time())
+  rng = random.Random(seed)
+  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+  cmd = trainer_cmd(data_dir, out, steps)
+  restored = [None]  # the checkpoint each start restores: the newest one its predecessor left
+  for kill in range(kills):
+    after = checkpoint_files.checkpoint_step(restored[-1]) if restored[-1] else 0
+    if after >= steps - 3:
+      break  # no checkpoint left to kill after
+    log = run_until_killed(cmd, str(tmp_path / ("run%d.log" % kill)), out, after, rng, env)
+    if restored[-1]:
+      assert "Restoring parameters from %s" % restored[-1] in log, (seed, log[-3000:])
+    restored.append(tf.train.latest_checkpoint(out))  # what the next start restores
+    assert checkpoint_files.damage(restored[-1]) is None, seed
+  killed_at = checkpoint_files.checkpoint_step(restored[1])
+  assert 3 <= killed_at < steps, "the first kill must land mid-training (seed %d)" % seed
+  assert checkpoint_files.checkpoint_step(restored[-1]) < steps, seed
   before = ema_count_totals(os.path.join(out, "model.ckpt-%d" % killed_at))
   assert before and all(np.all(v > 0) for v in before.values())
 
-  second = subprocess.run(trainer_cmd(data_dir, out, steps), capture_output=True, text=True,
-                          cwd=ROOT, env=env, timeout=900)
-  assert second.returncode == 0, second.stderr[-3000:]
-  assert "model.ckpt-%d" % killed_at in second.stderr  # "Restoring parameters from ..."
+  last = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=env, timeout=900)
+  assert last.returncode == 0, last.stderr[-3000:]
+  assert "Restoring parameters from %s" % restored[-1] in last.stderr, seed
   assert checkpoint_steps(out)[-1] == steps
   final = os.path.join(out, "model.ckpt-%d" % steps)
   reader = tf.train.load_checkpoint(final)
@@ -78,3 +103,109 @@ def test_sigkill_then_restart_resumes_from_the_last_checkpoint(data_dir, tmp_pat
     n = total / (1.0 - DECAY ** killed_at)
     np.testing.assert_allclose(after[name], n * (1.0 - DECAY ** steps), rtol=2e-3)
     assert not np.allclose(after[name], n * (1.0 - DECAY ** (steps - killed_at)), rtol=0.05)
+
+
+# ---------------------------------------------------------------------------------------------
+# A damaged newest checkpoint and a full disk, through the stock binaries.
+
+SIMULATED_FULL_DISK = """
+import sys
+import tensorflow as tf
+from tensorflow.python.training import saver
+from tensor2tensor.bin import t2t_trainer
+
+def save(self, sess, save_path, global_step=None, *args, **kwargs):
+  step = int(global_step if isinstance(global_step, int) else sess.run(global_step))
+  if step > %d:
+    raise tf.errors.ResourceExhaustedError(None, None, "%%s-%%d_temp/part-00000-of-00001.data-"
+                                           "00000-of-00001.tempstate1; No space left on device"
+                                           %% (save_path, step))
+  return ORIGINAL(self, sess, save_path, global_step, *args, **kwargs)
+
+ORIGINAL, saver.Saver.save = saver.Saver.save, save
+sys.argv[0] = "t2t-trainer"
+tf.compat.v1.app.run(lambda argv: t2t_trainer.main(argv))
+"""
+
+
+def mount_tmpfs(path, size):
+  """Mounts a tmpfs of `size` bytes at `path`; False where the machine does not allow it."""
+  os.makedirs(path)
+  try:
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=%d" % size, "tmpfs", path],
+                          capture_output=True, timeout=30)
+  except (OSError, subprocess.SubprocessError):
+    return False
+  return done.returncode == 0
+
+
+def error_lines(stderr):
+  return [line for line in stderr.splitlines() if line.startswith(("error:", "warning:"))]
+
+
+def test_damaged_newest_checkpoint_then_full_disk(trained_run, data_dir, tmp_path):
+  """The newest checkpoint truncated: t2t-decoder stops with one line; t2t-trainer warns once,
+  restores the newest complete one and trains; its next save finds the disk full (a tmpfs just
+  too small where mounting is allowed, else a simulated ENOSPC): one line, non-zero exit."""
+  trained, _ = trained_run
+  source = str(tmp_path / "copy")
+  shutil.copytree(trained, source)
+  steps = checkpoint_steps(source)
+  assert len(steps) >= 2, steps
+  newest, good = ["model.ckpt-%d" % s for s in steps[-1:-3:-1]]
+  data = max(glob.glob(os.path.join(source, newest + ".data-*")), key=os.path.getsize)
+  full = os.path.getsize(data)
+  with open(data, "r+b") as f:
+    f.truncate(full // 2)  # a copy cut off half-way
+
+  decoder = run_t2t("t2t-decoder", "--problem=synthetic_long_range", "--model=routing_transformer",
+                    "--hparams_set=routing_transformer_tiny", "--data_dir=" + data_dir,
+                    "--output_dir=" + source, "--decode_hparams=batch_size=1,num_samples=1")
+  assert decoder.returncode != 0
+  assert "Traceback" not in decoder.stderr
+  assert error_lines(decoder.stderr) == [
+      "error: checkpoint %s is damaged: %s is %d bytes but its index expects %d (truncated: an "
+      "interrupted write or copy). The newest complete checkpoint is %s: pass it instead, or copy "
+      "the damaged files again." % (os.path.join(source, newest), os.path.basename(data),
+                                    full // 2, full, os.path.join(source, good))]
+
+  out = str(tmp_path / "disk")
+  used = sum(os.path.getsize(os.path.join(source, n)) for n in os.listdir(source)
+             if os.path.isfile(os.path.join(source, n)))
+  checkpoint = sum(os.path.getsize(p) for p in glob.glob(os.path.join(source, good + ".*")))
+  real_disk = mount_tmpfs(out, used + 64 * 1024 + checkpoint // 2)  # the next save cannot fit
+  try:
+    shutil.copytree(source, out, dirs_exist_ok=True)
+    last = steps[-1] + 2
+    args = ["--t2t_usr_dir=" + os.path.join(ROOT, "t2t_usr_dir"),
+            "--problem=synthetic_long_range", "--model=routing_transformer",
+            "--hparams_set=routing_transformer_tiny", "--data_dir=" + data_dir,
+            "--output_dir=" + out, "--train_steps=%d" % last, "--local_eval_frequency=1000",
+            "--schedule=train"]
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    cmd = ([os.path.join(BIN, "t2t-trainer")] if real_disk else
+           [os.path.join(BIN, "python"), "-c", SIMULATED_FULL_DISK % steps[0]])
+    trainer = subprocess.run(cmd + args, capture_output=True, text=True, cwd=ROOT, env=env,
+                             timeout=600)
+    lines = error_lines(trainer.stderr)
+    assert trainer.returncode != 0, trainer.stderr[-3000:]
+    assert "Traceback" not in trainer.stderr, trainer.stderr[-3000:]
+    assert len(lines) == 2, lines
+    assert lines[0].startswith("warning: checkpoint %s is damaged (%s is %d bytes"
+                               % (newest, os.path.basename(data), full // 2)), lines
+    assert lines[0].endswith("(kept in %s); resuming from %s, the newest complete checkpoint."
+                             % (os.path.join(out, "damaged"), os.path.join(out, good))), lines
+    assert "Restoring parameters from %s" % os.path.join(out, good) in trainer.stderr
+    assert os.path.getsize(os.path.join(out, "damaged", os.path.basename(data))) == \
+        full // 2  # kept, not deleted
+    assert lines[1].startswith("error: no space left on the disk of %s (writing %s/" % (out, out))
+    assert "a checkpoint needs ~" in lines[1] and "(the files of %s)" % good in lines[1]
+    assert "the next run resumes from %s: free space" % os.path.join(out, good) in lines[1]
+    log_path = lines[1].rsplit("Traceback: ", 1)[1]
+    with open(log_path) as f:
+      assert "No space left on device" in f.read()
+    os.remove(log_path)
+    assert tf.train.latest_checkpoint(out) == os.path.join(out, good)
+  finally:
+    if real_disk:
+      subprocess.run(["umount", out], check=False)
