@@ -5,7 +5,6 @@
 """
 import hashlib
 import math
-import sys
 import time
 
 import numpy as np
@@ -33,22 +32,23 @@ def default_lengths(model_length):
 
 
 def check_lengths(lengths, model_length, span, profile):
-  """ProbeError naming the fix for N above L or below what the spans need."""
+  """ProbeError naming the fix for N above L or below what the span and profile need."""
   if not lengths:
     raise ProbeError("--lengths is empty; give prefix lengths, e.g. 512,1024,2048")
   if max(lengths) > model_length:
     raise ProbeError("N=%d is above the model's length L=%d; use prefix lengths <= %d"
                      % (max(lengths), model_length, model_length))
-  need = max(-span[0], profile, max(-a for a, _ in report.END_SPANS))
+  need = max(-span[0], profile)
   if min(lengths) < need:
-    raise ProbeError("N=%d is shorter than the %d tokens the target span %d:%d and end-of-input "
-                     "profile need; use N >= %d or a shorter --span/--profile"
-                     % (min(lengths), need, span[0], span[1], need))
+    raise ProbeError("N=%d is shorter than the %d tokens the target span %d:%d and the "
+                     "--profile=%d need; use N >= %d or a shorter --span/--profile"
+                     % (min(lengths), need, span[0], span[1], profile, need))
 
 
-def scoring_offsets(span, profile):
-  """Offsets from the input's end scored in each pass: the span, END_SPANS and the profile."""
-  reach = max(-span[0], profile, max(-a for a, _ in report.END_SPANS))
+def scoring_offsets(span, profile, shortest):
+  """Offsets from the input's end scored in each pass: the span, the profile and the END_SPANS
+  that fit the shortest input."""
+  reach = max([-span[0], profile] + [-a for a, _ in report.END_SPANS if -a <= shortest])
   return list(range(-reach, 0))
 
 
@@ -93,7 +93,7 @@ def examples_digest(examples, books):
 def probe(specs, books, encoder, lengths, model_length, out_dir, span=PAPER_SPAN,
           num_targets=PAPER_TARGETS, seed=0, far_threshold=2048, frequent_fraction=0.1,
           frequency_corpus=None, scale=report.WORD_SCALE, profile=PROFILE, bootstrap=1000,
-          batch_size=1, make_score_fn=None, t2t_usr_dir=None, vocab=None, stream=sys.stderr,
+          batch_size=1, make_score_fn=None, t2t_usr_dir=None, vocab=None, stream="stderr",
           extra=None):
   """Runs the probe for every model spec; returns the result dict (report.write writes it).
 
@@ -121,7 +121,7 @@ def probe(specs, books, encoder, lengths, model_length, out_dir, span=PAPER_SPAN
   frequent = cats.frequent_types(corpus, encoder.vocab_size, frequent_fraction)
   ends = cats.word_ends(encoder)
   codes, distance = target_categories(books, examples, lengths, frequent, ends, far_threshold)
-  offsets = scoring_offsets(span, profile)
+  offsets = scoring_offsets(span, profile, min(lengths))
   digest = examples_digest(examples, books)
   if make_score_fn is None:
     def make_score_fn(spec):

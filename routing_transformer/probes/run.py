@@ -58,9 +58,10 @@ def save_shard(path, digest, nll, seconds):
 class Progress(object):
   """Inputs done / total, input tokens/s and ETA on stderr, at most every `every` seconds."""
 
-  def __init__(self, total_inputs, stream=sys.stderr, every=5.0):
+  def __init__(self, total_inputs, stream="stderr", every=5.0):
     self.total, self.done, self.tokens = total_inputs, 0, 0
-    self.stream, self.every = stream, every
+    self.stream = sys.stderr if stream == "stderr" else stream
+    self.every = every
     self.start = self.last = time.time()
 
   def skip(self, inputs):
@@ -96,7 +97,7 @@ def score_length(score_fn, books, examples, length, offsets, batch, progress=Non
 
 
 def run(specs, books, examples, lengths, offsets, out_dir, make_score_fn, batch_size=1,
-        books_key="", stream=sys.stderr):
+        books_key="", stream="stderr"):
   """Scores every (model, N); returns ({label: {N: nll [E, P]}}, {label: {N: seconds}}).
 
   make_score_fn(spec) builds a model's score_fn (called at most once per model, and not at all
@@ -106,6 +107,7 @@ def run(specs, books, examples, lengths, offsets, out_dir, make_score_fn, batch_
   lengths = sorted(lengths)
   offsets = np.asarray(offsets)
   progress = Progress(len(specs) * len(lengths) * len(examples.end), stream)
+  stream = progress.stream
   nll, seconds = {}, {}
   for spec in specs:
     nll[spec.label], seconds[spec.label] = {}, {}
