@@ -249,8 +249,10 @@ def test_cli_end_to_end_resumes_and_merges(tiny, tmp_path, capsys):
   assert set(figs["end_spans"]) == {"-11:-1", "-15:-5", "-20:-10", "-50:-40"}
   assert len(figs["position_nll"]) == 50
   assert result["models"]["rt"]["figures"]["50"]["categories"]["all"]["nll"] != c["all"]["nll"]
-  est = result["estimate"]["released_model_full_protocol"]
-  assert est["passes"] == 22000 * 9 and est["accelerator_hours"] > 0
+  est = result["estimate"]["released_model_full_protocol"]["vocab_32768"]
+  assert est["passes"] == 22000 * 9 and est["tokens"] == 22000 * 9 * 8192
+  assert est["accelerator_hours"] == pytest.approx(
+      est["flops_per_token"] * est["tokens"] / 1e14 / 3600)
   for name in ("probes.md", "probes_categories.png", "probes_end_of_input.png"):
     assert os.path.getsize(os.path.join(out, name)) > 0
   # a rerun scores nothing

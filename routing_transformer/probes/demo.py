@@ -28,8 +28,9 @@ def run(output, books_dir, data_dir, routing=("routing", "pg19_local_cluster_tin
   """Probes <output>/<routing[0]>, its derived local model and <output>/<local[0]>; returns
   (markdown, result)."""
   from routing_transformer import score  # pylint: disable=g-import-not-at-top
+  from routing_transformer import usr_dirs  # pylint: disable=g-import-not-at-top
   from tensor2tensor.utils import registry  # pylint: disable=g-import-not-at-top
-  import problems  # pylint: disable=g-import-not-at-top,unused-import
+  usr_dirs.register_project()
   started = time.time()
   encoder = score.load_encoder(None, PROBLEM, data_dir)
   books, _ = data.load_books(books_dir, "test", encoder,

@@ -103,3 +103,8 @@ def positions(examples, length, absolute=None):
   targets): int [E, k] = absolute - (end - N)."""
   absolute = examples.targets if absolute is None else absolute
   return absolute - (examples.end[:, None] - length)
+
+
+def as_rows(examples):
+  """int64 [E, 2] rows (book index, end): the examples as perturbations.py takes them."""
+  return np.stack([examples.book, examples.end], axis=1).astype(np.int64)

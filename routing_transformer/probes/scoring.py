@@ -83,7 +83,8 @@ def make_score_fn(scorer):
 
 
 def forward_flops_per_token(hparams, vocab_size, length):
-  """Forward FLOPs per token (2 x multiply-adds): projections, attention, FFN, logits.
+  """Forward FLOPs per token (2 x multiply-adds): q/k/v/output maps (and head_dense), attention,
+  FFN (geglu: 3 matrices), embedding dense, logits; layer norms and softmaxes left out.
 
   Attention per layer: local heads attend to block + flange keys, routing heads to `window`
   keys (queries x keys x depth x 2 for logits and for values).
@@ -93,11 +94,12 @@ def forward_flops_per_token(hparams, vocab_size, length):
   heads = hparams.local_num_heads + hparams.sparsity_cluster_num_heads
   depth = h // heads
   ffn = 3 * h * f if hparams.ffn_layer == "geglu" else 2 * h * f
+  maps = 4 * h * h + (h * depth if getattr(hparams, "head_dense", False) else 0)
   total = 0
   for i in range(layers):
     routing = 0 if i < hparams.sparsity_skip_first else hparams.sparsity_cluster_num_heads
     local_keys = hparams.query_shape[0] + hparams.memory_flange[0]
     routing_keys = min(hparams.sparsity_cluster_attention_window, length)
     attention = 2 * depth * ((heads - routing) * local_keys + routing * routing_keys)
-    total += 2 * (4 * h * h + ffn) + 2 * attention
+    total += 2 * (maps + ffn) + 2 * attention
   return total + 2 * h * vocab_size + 2 * hparams.embedding_dims * h
