@@ -259,7 +259,7 @@ def test_cli_end_to_end_resumes_and_merges(tiny, tmp_path, capsys):
   assert cli.main(argv) == 0
   assert "already scored" in capsys.readouterr().err
   merged = str(tmp_path / "merged")
-  assert cli.main(["--merge=%s,%s" % (os.path.join(out, "probes.json"),) * 2,
+  assert cli.main(["--merge=%s,%s" % ((os.path.join(out, "probes.json"),) * 2),
                    "--output=" + merged]) == 0
   with open(os.path.join(merged, "probes.json")) as f:
     assert len(json.load(f)["models"]) == 4
