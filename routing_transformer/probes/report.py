@@ -163,8 +163,10 @@ def plot(result, out_dir, prefix="probes"):
       y, lo, hi = series(m, lambda f, name=name: f.get("categories", {}).get(name))
       ax.plot(lengths, y, marker="o", label=label)
       ax.fill_between(lengths, lo, hi, alpha=0.2)
-    tokens = first["categories"][name]["tokens"]
-    ax.set_title("%s (%d tokens at N=%d)" % (name, tokens, lengths[0]), fontsize=9)
+    counts = [next(iter(models.values()))["figures"].get(str(n), {}).get("categories", {})
+              .get(name, {}).get("tokens", 0) for n in lengths]
+    ax.set_title("%s (%s tokens)" % (name, "%d" % counts[0] if min(counts) == max(counts) else
+                                     "%d..%d by N" % (counts[0], counts[-1])), fontsize=9)
     ax.set_xscale("log", base=2)
     ax.set_xticks(lengths)
     ax.set_xticklabels([str(n) for n in lengths], fontsize=7)
