@@ -45,18 +45,20 @@ def run(output, books_dir, data_dir, routing=("routing", "pg19_local_cluster_tin
   out_dir = os.path.join(output, "probes")
   result = probe.probe(specs, books, encoder, lengths, max(lengths), out_dir,
                        num_targets=inputs * 10, seed=seed, far_threshold=threshold,
-                       batch_size=batch_size, stream=None)
+                       scale=probe.word_scale(books, "exact"), batch_size=batch_size,
+                       stream=None)
   paths = report.write(result, out_dir)
   seconds = time.time() - started
   passes = len(specs) * len(lengths) * result["protocol"]["inputs"]
   md = ("\nLong-range context (Sun et al. 2021 probes, `python -m routing_transformer.probes`): "
         "the 3 test books, %d inputs per prefix length N, 10 targets each at [-50:-40] of the "
-        "input (the same targets for every N and model); perplexity = exp(1.248 x mean NLL), "
-        "[95%% bootstrap interval over inputs]; far = last seen more than %d tokens back (the "
+        "input (the same targets for every N and model); word-level perplexity = exp(%.3f "
+        "subwords per word of these books x mean NLL) [95%% bootstrap interval over inputs]; far = last seen more than %d tokens back (the "
         "local model's receptive field: %d layers x (block %d + flange %d - 1)); %s-as-local = "
         "the routing checkpoint with its routing heads evaluated as local heads. %d passes in "
         "%.0f s. Plots: %s.\n" % (
-            result["protocol"]["inputs"], threshold, local_hparams.num_decoder_layers,
+            result["protocol"]["inputs"], result["protocol"]["word_scale"], threshold,
+            local_hparams.num_decoder_layers,
             local_hparams.query_shape[0], local_hparams.memory_flange[0], name, passes, seconds,
             ", ".join(os.path.relpath(p, output) for p in paths if p.endswith(".png"))))
   md += report.markdown(result, ["all", "far", "near", "never"])
