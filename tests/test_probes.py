@@ -228,7 +228,7 @@ def test_cli_end_to_end_resumes_and_merges(tiny, tmp_path, capsys):
   from routing_transformer.probes import __main__ as cli
   vocab, ckpt, books = tiny
   out = str(tmp_path / "out")
-  argv = ["--books_dir=" + books, "--split=test", "--model=rt=" + ckpt, "--hparams_set=" + SET,
+  argv = ["--books_dir=" + books, "--split=test", "--checkpoint=rt=" + ckpt, "--hparams_set=" + SET,
           "--as_local=rt", "--vocab=" + vocab, "--lengths=50,64", "--span=-30:-20",
           "--profile=50", "--targets=120", "--far_threshold=16", "--bootstrap=50",
           "--batch_size=4", "--output=" + out, "--exclude=2"]
@@ -270,12 +270,12 @@ def test_cli_end_to_end_resumes_and_merges(tiny, tmp_path, capsys):
     (["--lengths=128"], "N=128 is above the model's length L=64; use prefix lengths <= 64"),
     (["--lengths=50", "--span=-60:-50"], "use N >= 60"),
     (["--split=validation"], "no <book_id>.txt books"),
-    (["--model=x"], "write LABEL=CHECKPOINT"),
+    (["--checkpoint=x"], "write LABEL=CHECKPOINT"),
 ])
 def test_cli_bad_input_is_one_line(tiny, tmp_path, capsys, extra, message):
   from routing_transformer.probes import __main__ as cli
   vocab, ckpt, books = tiny
-  argv = ["--books_dir=" + books, "--split=test", "--model=rt=" + ckpt, "--hparams_set=" + SET,
+  argv = ["--books_dir=" + books, "--split=test", "--checkpoint=rt=" + ckpt, "--hparams_set=" + SET,
           "--vocab=" + vocab, "--lengths=50,64", "--profile=50", "--targets=20",
           "--output=" + str(tmp_path / "o")]
   with pytest.raises(SystemExit) as e:

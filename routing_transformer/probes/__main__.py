@@ -1,7 +1,7 @@
 """python -m routing_transformer.probes: the token-level long-range context probe (docs/probes.md).
 
   python -m routing_transformer.probes --books_dir=BOOKS --split=validation \\
-      --model=rt=CKPT_DIR --hparams_set=pg19_local_cluster8k --as_local=rt \\
+      --checkpoint=rt=CKPT_DIR --hparams_set=pg19_local_cluster8k --as_local=rt \\
       --vocab=vocab.pg19_length8k.32768.subwords --output=probe_out
   python -m routing_transformer.probes --merge=a/probes.json,b/probes.json --output=both
 
@@ -24,7 +24,7 @@ from routing_transformer.probes.errors import ProbeError  # pylint: disable=g-im
 def parse_args(argv):
   p = argparse.ArgumentParser(prog="python -m routing_transformer.probes",
                               description=__doc__.split("\n")[0])
-  p.add_argument("--model", action="append", default=[],
+  p.add_argument("--checkpoint", action="append", default=[],
                  help="LABEL=CHECKPOINT (repeatable): a t2t-trainer output_dir or checkpoint "
                       "prefix, ours or the original release's")
   p.add_argument("--hparams_set", action="append", default=[],
@@ -90,15 +90,15 @@ def keyed(values, labels, what):
 
 
 def specs_of(args):
-  """[run.ModelSpec] of the --model, --hparams_set, --hparams and --as_local flags."""
+  """[run.ModelSpec] of the --checkpoint, --hparams_set, --hparams and --as_local flags."""
   from routing_transformer.probes import run  # pylint: disable=g-import-not-at-top
-  if not args.model:
-    raise ProbeError("give at least one --model=LABEL=CHECKPOINT (or --merge)")
+  if not args.checkpoint:
+    raise ProbeError("give at least one --checkpoint=LABEL=PATH (or --merge)")
   models = []
-  for m in args.model:
+  for m in args.checkpoint:
     label, sep, path = m.partition("=")
     if not sep or not label or not path:
-      raise ProbeError("--model=%s: write LABEL=CHECKPOINT, e.g. --model=rt=/path/to/run" % m)
+      raise ProbeError("--checkpoint=%s: write LABEL=CHECKPOINT, e.g. --checkpoint=rt=/path/to/run" % m)
     models.append((label, path))
   labels = [l for l, _ in models]
   sets = keyed(args.hparams_set, labels, "hparams_set")
@@ -111,7 +111,7 @@ def specs_of(args):
     overrides[label] = rest
   for label in args.as_local:
     if label not in labels:
-      raise ProbeError("--as_local=%s: no --model with that label (%s)" % (label,
+      raise ProbeError("--as_local=%s: no --checkpoint with that label (%s)" % (label,
                                                                            ", ".join(labels)))
   specs = []
   for label, path in models:
@@ -131,9 +131,9 @@ def model_length(spec, args):
                                      spec.hparams_set, spec.hparams, args.hparams_json,
                                      args.t2t_usr_dir)
   except (checkpoints.CheckpointError, usr_dirs.UsrDirError) as e:
-    raise ProbeError("--model=%s=%s: %s" % (spec.label, spec.checkpoint, e))
+    raise ProbeError("--checkpoint=%s=%s: %s" % (spec.label, spec.checkpoint, e))
   if hp is None:
-    raise ProbeError("--model=%s: pass --hparams_set (the set it was trained with)" % spec.label)
+    raise ProbeError("--checkpoint=%s: pass --hparams_set (the set it was trained with)" % spec.label)
   return hp.max_target_length or hp.max_length, hp
 
 
