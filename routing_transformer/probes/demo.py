@@ -19,7 +19,7 @@ from routing_transformer.probes import scoring
 
 PROBLEM = "pg19_length2k"
 LENGTHS = (256, 512, 1024, 2048)
-INPUTS = 32  # per model and N: 320 targets; 3 models x 4 N x 32 = 384 passes, about 50 s on 2 AVX2 cores
+INPUTS = 24  # per model and N: 240 targets; 3 models x 4 N x 24 = 288 passes, about 1 min on 2 AVX2 cores
 
 
 def run(output, books_dir, data_dir, routing=("routing", "pg19_local_cluster_tiny2k"),
