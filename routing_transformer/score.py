@@ -204,6 +204,12 @@ class Scorer(object):
                        tf.float32)
       log_probs = tf.nn.log_softmax(logits)
       self.token_log_probs = tf.gather(log_probs, self.ids, axis=2, batch_dims=2)
+      # Only the rows asked for: log_softmax over [batch, K, vocab] instead of [batch, L, vocab].
+      self.positions = tf1.placeholder(tf.int32, [batch_size, None], name="positions")
+      picked = tf.gather(logits, self.positions, axis=1, batch_dims=1)
+      picked_ids = tf.gather(self.ids, self.positions, axis=1, batch_dims=1)
+      self.position_log_probs = tf.gather(tf.nn.log_softmax(picked), picked_ids, axis=2,
+                                          batch_dims=2)
       var_list = restore_map(tf1.global_variables(), stored)
       self.session = tf1.Session(graph=self.graph)
       tf1.train.Saver(var_list=var_list).restore(self.session, self.checkpoint)
@@ -237,6 +243,40 @@ class Scorer(object):
       for row, (i, window, keep, slot) in enumerate(batch):
         part = values[row, keep:len(window)]
         out[i][slot:slot + len(part)] = part
+    return out
+
+  def log_probs_at(self, ids, positions):
+    """log p(ids[b, p] | ids[b, :p]) at given positions, one pass per row, rows batched.
+
+    Args:
+      ids: int [B, N] token ids, N <= L (right-padded with 0 to L; 0 may also appear inside
+        a row, e.g. dropped tokens: it is padding to the model).
+      positions: int [B, K] positions within the rows (0 <= p < N).
+    Returns:
+      float32 [B, K] log-likelihoods in nats.
+    """
+    ids = np.asarray(ids, np.int32)
+    positions = np.asarray(positions, np.int32)
+    if ids.ndim != 2 or positions.ndim != 2 or len(ids) != len(positions):
+      raise ScorerError("ids [B, N] and positions [B, K] need the same B (got shapes %s, %s)"
+                        % (ids.shape, positions.shape))
+    num, n = ids.shape
+    if n > self.length:
+      raise ScorerError("inputs of %d tokens exceed the model's length L=%d (max_target_length);"
+                        " use N <= %d" % (n, self.length, self.length))
+    if positions.size and (positions.min() < 0 or positions.max() >= n):
+      raise ScorerError("positions must be in 0..%d (the input length N=%d)" % (n - 1, n))
+    if ids.size and (ids.min() < 0 or ids.max() >= self.vocab_size):
+      raise ScorerError("token ids must be in 0..%d" % (self.vocab_size - 1))
+    out = np.zeros(positions.shape, np.float32)
+    for b in range(0, num, self.batch_size):
+      rows = slice(b, min(b + self.batch_size, num))
+      feed = np.zeros([self.batch_size, self.length], np.int32)
+      feed[:rows.stop - b, :n] = ids[rows]
+      pos = np.zeros([self.batch_size, positions.shape[1]], np.int32)
+      pos[:rows.stop - b] = positions[rows]
+      values = self.session.run(self.position_log_probs, {self.ids: feed, self.positions: pos})
+      out[rows] = values[:rows.stop - b]
     return out
 
   def score(self, texts):

@@ -157,6 +157,12 @@ def main():
   print(samples + "\n")
   pictures(args.output, PROBLEM, data_dir, [name for name, _ in MODELS],
            "Where the heads of the routing model attend", num_sequences=2)
+  log("long-range context probes: routing, routing-as-local, local on the test books")
+  from routing_transformer.probes import demo as probes_demo  # pylint: disable=g-import-not-at-top
+  probes_md, _ = probes_demo.run(args.output, books, data_dir, log=log)
+  with open(os.path.join(args.output, "summary.md"), "a", encoding="utf-8") as f:
+    f.write(probes_md)
+  print(probes_md)
   log("done in %.0f s; outputs under %s" % (time.time() - started, args.output))
 
 

@@ -1,1 +1,9 @@
-"""Long-range context probes of Sun et al. (EMNLP 2021) for any checkpoint the Scorer restores."""
+"""Do the models use long-range context? The token-level probes of Sun, Krishna,
+Mattarella-Micke and Iyyer (EMNLP 2021) for any checkpoint the Scorer restores (docs/probes.md).
+
+data: books of a PG-19-layout folder, encoded with the checkpoint's vocabulary; sampling: the
+inputs and targets (the same for every prefix length, perturbation and model); categories: the
+token categories; scoring: score_fn(inputs, targets) -> nll, one pass per input; run: the probe
+for several models and prefix lengths, resumable; report: JSON, markdown and PNG plots;
+demo: the probe of `make demo`. `python -m routing_transformer.probes --help`.
+"""

@@ -1,0 +1,5 @@
+"""The probes' one error type."""
+
+
+class ProbeError(ValueError):
+  """Bad probe input (books, lengths, spans, models); the message names the fix."""
