@@ -4,7 +4,7 @@ PYTEST_ARGS ?=
 # Options for the bench-* targets' scripts, e.g. make bench-train BENCH_ARGS="--steps 3".
 BENCH_ARGS ?=
 
-.PHONY: soak setup test bench-attention bench-train bench-decode bench-quality bench-peers demo demo-long-range books clean
+.PHONY: soak setup test bench-attention bench-train bench-profile bench-decode bench-quality bench-peers demo demo-long-range books clean
 
 setup:
 	@bash scripts/setup.sh
@@ -40,6 +40,9 @@ bench-decode: setup
 
 bench-quality: setup
 	$(PY) benchmarks/long_range_quality.py $(BENCH_ARGS)
+
+bench-profile: setup
+	$(PY) benchmarks/tiny_step_profile.py $(BENCH_ARGS)
 
 bench-train: setup
 	$(PY) benchmarks/train_step.py $(BENCH_ARGS)
