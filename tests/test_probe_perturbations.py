@@ -530,3 +530,14 @@ def test_library_refuses_bad_probe_settings_before_scoring(rng, tmp_path):
   assert runners.default_suffix_prefixes(8192, 128) == [200, 512, 1024, 2048, 4096, 8064]
   assert runners.default_suffix_prefixes(2048, 128) == [200, 512, 1024, 1920]
   assert pt.ProbeError is ProbeError
+
+
+def test_one_probe_alone_without_the_token_probe(rng, tmp_path):
+  from routing_transformer.probes import report
+  out = str(tmp_path / "out")
+  result = run_all(out, FakeModels(), fake_books(rng), ["--probes=suffix"])
+  assert result["protocol"]["probes"] == ["suffix"]
+  assert result["models"]["rt"]["figures"] == {} and "perturb" not in result["models"]["rt"]
+  paths = report.write(result, out)
+  assert [os.path.basename(p) for p in paths] == ["probes.json", "probes.md", "probes_suffix.png"]
+  assert open(paths[1]).read().lstrip().startswith("**Suffix identification**")
