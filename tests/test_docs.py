@@ -686,6 +686,8 @@ def parsers():
     elif kind == "module":
       spec = importlib.util.find_spec(target)
       assert spec is not None, "no module %s" % target
+      if spec.submodule_search_locations is not None:  # a package: `python -m` runs __main__
+        target += ".__main__"
       result = module_main(importlib.import_module(target))
     elif kind == "entry":
       module, _, function = entry_points()[target].partition(":")
@@ -1159,8 +1161,12 @@ def test_prose_flags_and_defaults_match(parsers):
   """A `--flag` in a paragraph about one command is one of its flags; a stated default is its."""
   bad, checked = [], 0
   for where, (kind, target), flag, default in prose_flag_mentions():
-    if kind == "module" and not hasattr(importlib.import_module(target), "main"):
-      continue  # an API module named beside a flag of another command
+    if kind == "module":
+      module = importlib.import_module(target)
+      if hasattr(module, "__path__") and importlib.util.find_spec(target + ".__main__"):
+        module = importlib.import_module(target + ".__main__")  # `python -m package`
+      if not hasattr(module, "main"):
+        continue  # an API module named beside a flag of another command
     flags = parsers(kind, target)
     checked += 1
     if flag not in flags.flags:

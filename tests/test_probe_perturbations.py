@@ -1,4 +1,8 @@
-"""Perturbation, sequence-copy and suffix-identification probes (pure numpy, fake models)."""
+"""Perturbation, sequence-copy and suffix-identification probes (pure numpy, fake models), and
+every probe through the library run of the CLI."""
+import math
+import os
+
 import numpy as np
 import pytest
 
@@ -365,3 +369,175 @@ def test_too_few_negatives_is_refused(rng):
   with pytest.raises(pt.ProbeError) as e:
     sx.sample_suffix_examples(books, ends, 2, 500, 64, seed=0)
   one_line(e)
+
+
+# Every probe through the library run the CLI calls (probe.probe), on a fake model.
+
+
+class SentenceEncoder(object):
+  """A fake vocabulary of 40 ids: ids divisible by 7 are pieces ending a sentence."""
+  vocab_size = 40
+
+  def decode(self, ids):
+    return "w%d. " % ids[0] if ids[0] % 7 == 0 else "w%d" % ids[0]
+
+
+def fake_books(rng):
+  from routing_transformer.probes import data
+  return [data.Book(i + 1, "Book %d" % (i + 1), rng.integers(2, 40, n).astype(np.int32), n // 2,
+                    n * 3) for i, n in enumerate((700, 500, 450))]
+
+
+class FakeModels(object):
+  """make_score_fn: a copying model (NLL 0.5 when the target's id occurs earlier in the input,
+  else 3; x 1.2 for a derived local model); counts builds and records the target ids seen."""
+
+  def __init__(self):
+    self.built, self.seen = [], []
+
+  def __call__(self, spec):
+    self.built.append(spec.label)
+    scale = 1.2 if spec.as_local else 1.0
+
+    def score_fn(inputs, targets):
+      inputs, targets = np.asarray(inputs), np.asarray(targets)
+      tokens = np.take_along_axis(inputs, targets, 1)
+      self.seen.append((spec.label, inputs.shape[1], targets.shape[1], tokens))
+      seen = np.array([[tok in row[:p] for tok, p in zip(trow, prow)]
+                       for row, trow, prow in zip(inputs, tokens, targets)])
+      return scale * np.where(seen, 0.5, 3.0)
+
+    score_fn.length, score_fn.batch_size = 128, 4
+    return score_fn
+
+
+ALL_PROBES = ["--probes=token,perturb,copy,suffix", "--perturb_m=32,96", "--perturb_runs=2",
+              "--suffix_prefixes=32,100", "--suffix_length=16", "--suffix_examples=10"]
+
+
+def run_all(out_dir, models, books, argv=()):
+  from routing_transformer.probes import __main__ as cli
+  from routing_transformer.probes import probe
+  from routing_transformer.probes import run as run_lib
+  args = cli.parse_args(["--output=" + out_dir] + ALL_PROBES + list(argv))
+  specs = [run_lib.ModelSpec("rt", "ckpt", "set"), run_lib.ModelSpec("rt-as-local", "ckpt", "set",
+                                                                      "", True)]
+  return probe.probe(specs, books, SentenceEncoder(), [64, 128], 128, out_dir, span=(-30, -20),
+                     num_targets=120, seed=3, profile=50, bootstrap=50, batch_size=4,
+                     make_score_fn=models, stream=None, probes=args.probes,
+                     options=cli.options_of(args))
+
+
+def test_every_probe_runs_with_counts_intervals_and_shared_targets(rng, tmp_path):
+  import json
+  from routing_transformer.probes import report
+  from routing_transformer.probes import sampling
+  books = fake_books(rng)
+  models = FakeModels()
+  out = str(tmp_path / "out")
+  result = run_all(out, models, books)
+  assert models.built == ["rt", "rt-as-local"]  # each model restored once for all probes
+  paths = report.write(result, out)
+  for name in ("perturbations", "copy", "suffix", "categories"):
+    assert os.path.getsize(os.path.join(out, "probes_%s.png" % name)) > 0
+  with open(os.path.join(out, "probes.json")) as f:
+    result = json.load(f)
+  p = result["protocol"]
+  assert p["probes"] == ["token", "perturb", "copy", "suffix"]
+  assert p["perturb"]["m"] == [32, 96] and p["perturb"]["n"] == 128
+  assert p["copy"]["d"] == pt.copy_distances(98)  # default: up to the first target (128 - 30)
+  assert p["suffix"]["prefixes"] == [32, 100] and p["suffix"]["chance"] == pytest.approx(1 / 6)
+
+  def checked(fig, tokens):
+    assert fig["tokens"] == tokens and fig["ppl"] == pytest.approx(
+        math.exp(1.248 * fig["nll"]))
+    assert fig["ci"][0] <= fig["ppl"] <= fig["ci"][1]
+
+  for label, m in result["models"].items():
+    token_all = m["figures"]["128"]["categories"]["all"]
+    checked(token_all, 120)
+    for fig in [m["perturb"]["baseline"], m["copy"]["baseline"]]:
+      checked(fig, 120)
+      assert fig["nll"] == pytest.approx(token_all["nll"])  # the token probe's own targets
+    for kind in pt.KINDS:
+      for mm in ("32", "96"):
+        checked(m["perturb"]["kinds"][kind][mm], 120)
+        assert m["perturb"]["kinds"][kind][mm]["runs"] == (1 if kind == "drop" else 2)
+    assert m["perturb"]["dropped"]["96"]["inputs"] == 12
+    for d in p["copy"]["d"]:
+      checked(m["copy"]["distances"][str(d)], 120)
+    for x in ("32", "100"):
+      s = m["suffix"]["prefixes"][x]
+      assert s["examples"] == 10 and s["tokens"] == 10 * 6 * 16
+      assert s["ci"][0] <= s["accuracy"] <= s["ci"][1]
+  # a copying model profits from the copy, loses from dropping the targets' earlier occurrences
+  rt = result["models"]["rt"]
+  assert rt["copy"]["distances"]["64"]["nll"] == pytest.approx(0.5)
+  assert rt["perturb"]["kinds"]["drop"]["96"]["nll"] > rt["perturb"]["kinds"]["drop_control"][
+      "96"]["nll"]
+  assert result["models"]["rt-as-local"]["perturb"]["baseline"]["nll"] == pytest.approx(
+      1.2 * rt["perturb"]["baseline"]["nll"])
+  # targets: every perturbed/copied input of every model kept the sampled targets' ids
+  ex = sampling.sample_examples([len(b.ids) for b in books], 12, (-30, -20), 128, 3)
+  want = np.take_along_axis(sampling.inputs([b.ids for b in books], ex, 128),
+                            sampling.positions(ex, 128), 1)
+  rows = {tuple(r) for r in want}
+  k10 = [t for label, n, k, t in models.seen if n == 128 and k == 10]
+  assert len(k10) > 20 and all(tuple(r) in rows for t in k10 for r in t)
+  md = open(paths[1]).read()
+  assert "**Perturbations**" in md and "**Sequence copy**" in md and "chance 0.167" in md
+
+
+def test_a_rerun_skips_finished_shards(rng, tmp_path):
+  books = fake_books(rng)
+  out = str(tmp_path / "out")
+  first = run_all(out, FakeModels(), books)
+  again = FakeModels()
+  second = run_all(out, again, books)
+  assert again.built == [] and again.seen == []  # nothing restored, nothing scored
+  for label in first["models"]:
+    for name in ("perturb", "copy", "suffix"):
+      a, b = dict(first["models"][label][name]), dict(second["models"][label][name])
+      assert a.pop("seconds") == b.pop("seconds") and a == b
+  os.remove(os.path.join(out, "shards", "rt-as-local", "copy.npz"))
+  third = FakeModels()
+  run_all(out, third, books)
+  assert third.built == ["rt-as-local"] and {n for _, n, _, _ in third.seen} == {128}
+  changed = FakeModels()  # another protocol (m list): only the perturbation shards are redone
+  run_all(out, changed, books, ["--perturb_m=32"])
+  assert changed.built == ["rt", "rt-as-local"]
+  assert len(changed.seen) == 2 * (3 * (1 + 2 + 2 + 1 + 2))  # 2 models x 3 chunks x passes
+
+
+def test_library_refuses_bad_probe_settings_before_scoring(rng, tmp_path):
+  from routing_transformer.probes.errors import ProbeError
+  books = fake_books(rng)
+  models = FakeModels()
+  for argv, message in ((["--perturb_m=99"], "--perturb_m: m=99 must be in 1..98"),
+                        (["--probes=token,shuffle"], "--probes=token,shuffle: give some of"),
+                        (["--copy_distances=5"], "--copy_distances: copy distance d=5"),
+                        (["--suffix_prefixes=120"], "--suffix_prefixes: prefix 120 + suffix 16"),
+                        (["--perturb_kinds=shuffle,swap"], "--perturb_kinds=shuffle,swap")):
+    with pytest.raises(ProbeError) as e:
+      run_all(str(tmp_path / "o"), models, books, argv)
+    assert message in one_line(e)
+  assert models.built == []
+  from routing_transformer.probes import runners
+  with pytest.raises(ProbeError) as e:
+    runners.default_perturb_m(98)
+  assert "--perturb_m" in one_line(e)
+  assert runners.default_perturb_m(8142) == list(range(512, 7681, 512))
+  assert runners.default_suffix_prefixes(8192, 128) == [200, 512, 1024, 2048, 4096, 8064]
+  assert runners.default_suffix_prefixes(2048, 128) == [200, 512, 1024, 1920]
+  assert pt.ProbeError is ProbeError
+
+
+def test_one_probe_alone_without_the_token_probe(rng, tmp_path):
+  from routing_transformer.probes import report
+  out = str(tmp_path / "out")
+  result = run_all(out, FakeModels(), fake_books(rng), ["--probes=suffix"])
+  assert result["protocol"]["probes"] == ["suffix"]
+  assert result["models"]["rt"]["figures"] == {} and "perturb" not in result["models"]["rt"]
+  paths = report.write(result, out)
+  assert [os.path.basename(p) for p in paths] == ["probes.json", "probes.md", "probes_suffix.png"]
+  assert open(paths[1]).read().lstrip().startswith("**Suffix identification**")

@@ -265,12 +265,38 @@ def test_cli_end_to_end_resumes_and_merges(tiny, tmp_path, capsys):
     assert len(json.load(f)["models"]) == 4
 
 
+def test_cli_runs_perturbations_and_copy_on_the_same_targets(tiny, tmp_path):
+  """The other probes on a real checkpoint: their unperturbed baselines are the token probe's
+  figure at the largest N (the same targets, the same model)."""
+  from routing_transformer.probes import __main__ as cli
+  vocab, ckpt, books = tiny
+  out = str(tmp_path / "out")
+  assert cli.main(["--books_dir=" + books, "--split=test", "--checkpoint=rt=" + ckpt,
+                   "--hparams_set=" + SET, "--vocab=" + vocab, "--lengths=64", "--span=-30:-20",
+                   "--profile=30", "--targets=40", "--bootstrap=20", "--batch_size=4",
+                   "--output=" + out, "--probes=token,perturb,copy", "--perturb_m=16,34",
+                   "--perturb_runs=1", "--perturb_kinds=shuffle,drop,drop_control",
+                   "--copy_distances=16,34"]) == 0
+  with open(os.path.join(out, "probes.json")) as f:
+    rt = json.load(f)["models"]["rt"]
+  token = rt["figures"]["64"]["categories"]["all"]
+  for base in (rt["perturb"]["baseline"], rt["copy"]["baseline"]):
+    assert base["tokens"] == token["tokens"] == 40
+    assert base["nll"] == pytest.approx(token["nll"], rel=1e-6)
+  assert set(rt["perturb"]["kinds"]) == {"shuffle", "drop", "drop_control"}
+  assert rt["copy"]["distances"]["16"]["nll"] != token["nll"]
+  for name in ("probes_perturbations.png", "probes_copy.png"):
+    assert os.path.getsize(os.path.join(out, name)) > 0
+
+
 @pytest.mark.parametrize("extra, message", [
     (["--exclude=Moby Dick"], "--exclude=Moby Dick names no book"),
     (["--lengths=128"], "N=128 is above the model's length L=64; use prefix lengths <= 64"),
     (["--lengths=50", "--span=-60:-50"], "use N >= 60"),
     (["--split=validation"], "no <book_id>.txt books"),
     (["--checkpoint=x"], "write LABEL=CHECKPOINT"),
+    (["--probes=token,perturb", "--perturb_m=60"], "--perturb_m: m=60 must be in 1..14"),
+    (["--probes=token,copy,suffux"], "--probes=token,copy,suffux: give some of"),
 ])
 def test_cli_bad_input_is_one_line(tiny, tmp_path, capsys, extra, message):
   from routing_transformer.probes import __main__ as cli

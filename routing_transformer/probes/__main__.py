@@ -1,12 +1,16 @@
-"""python -m routing_transformer.probes: the token-level long-range context probe (docs/probes.md).
+"""python -m routing_transformer.probes: the long-range context probes of Sun et al. (2021).
+
+The token-level probe by default; --probes=token,perturb,copy,suffix adds perturbations of the
+first m tokens, sequence copy and suffix identification (docs/probes.md).
 
   python -m routing_transformer.probes --books_dir=BOOKS --split=validation \\
       --checkpoint=rt=CKPT_DIR --hparams_set=pg19_local_cluster8k --as_local=rt \\
       --vocab=vocab.pg19_length8k.32768.subwords --output=probe_out
   python -m routing_transformer.probes --merge=a/probes.json,b/probes.json --output=both
 
-Writes <output>/probes.{json,md}, <output>/probes_categories.png and probes_end_of_input.png;
-per-(model, N) shards under <output>/shards make a rerun skip what is done.
+Writes <output>/probes.{json,md}, <output>/probes_categories.png and probes_end_of_input.png
+(and probes_perturbations.png, probes_copy.png, probes_suffix.png for those probes); per-(model,
+N) and per-(model, probe) shards under <output>/shards make a rerun skip what is done.
 """
 import argparse
 import json
@@ -67,6 +71,29 @@ def parse_args(argv):
   p.add_argument("--batch_size", type=int, default=1, help="inputs per forward pass")
   p.add_argument("--accelerator_flops", type=float, default=1e14,
                  help="effective FLOP/s of one accelerator for the full-protocol estimate")
+  p.add_argument("--probes", default="token",
+                 help="comma-separated, some of token,perturb,copy,suffix (default token)")
+  p.add_argument("--perturb_m", default=None,
+                 help="tokens perturbed from the input's start, comma-separated (default "
+                      "512,1024,...,7680 up to the first target)")
+  p.add_argument("--perturb_runs", type=int, default=5,
+                 help="runs of the random perturbations (paper: 5)")
+  p.add_argument("--perturb_kinds", default="shuffle,replace,drop,drop_control",
+                 help="some of shuffle,replace,drop,drop_control")
+  p.add_argument("--drop_rule", default="next", choices=["next", "any"],
+                 help="drop the prefix tokens whose next occurrence is a target (next, the "
+                      "paper's) or that equal any target (any)")
+  p.add_argument("--copy_distances", default=None,
+                 help="copy distances d, comma-separated (default 64,128,...,4096 and the "
+                      "first target's position)")
+  p.add_argument("--copy_context", type=int, default=0,
+                 help="tokens before the first target copied with the targets")
+  p.add_argument("--suffix_prefixes", default=None,
+                 help="prefix lengths P, comma-separated (default 200,512,1024,2048,4096,8064 "
+                      "capped at L - suffix length)")
+  p.add_argument("--suffix_examples", type=int, default=1000, help="suffix examples")
+  p.add_argument("--suffix_length", type=int, default=128, help="tokens per candidate (128)")
+  p.add_argument("--suffix_negatives", type=int, default=5, help="negatives per example (5)")
   p.add_argument("--merge", default=None,
                  help="comma-separated probes.json files of the same protocol: report them "
                       "together (no scoring)")
@@ -122,6 +149,15 @@ def specs_of(args):
   return specs
 
 
+def options_of(args):
+  """runners.plan's keyword arguments from the flags."""
+  return dict(perturb_m=args.perturb_m, perturb_runs=args.perturb_runs,
+              perturb_kinds=args.perturb_kinds, drop_rule=args.drop_rule,
+              copy_distances=args.copy_distances, copy_context=args.copy_context,
+              suffix_prefixes=args.suffix_prefixes, suffix_examples=args.suffix_examples,
+              suffix_length=args.suffix_length, suffix_negatives=args.suffix_negatives)
+
+
 def model_length(spec, args):
   from routing_transformer import checkpoints  # pylint: disable=g-import-not-at-top
   from routing_transformer import usr_dirs  # pylint: disable=g-import-not-at-top
@@ -158,7 +194,9 @@ def main(argv=None):
     from routing_transformer.probes import probe  # pylint: disable=g-import-not-at-top
     from routing_transformer.probes import sampling  # pylint: disable=g-import-not-at-top
     from routing_transformer.probes import scoring  # pylint: disable=g-import-not-at-top
+    from routing_transformer.probes import runners  # pylint: disable=g-import-not-at-top
     specs = specs_of(args)
+    runners.parse_probes(args.probes)
     span = sampling.parse_span(args.span)
     found = [model_length(s, args) for s in specs]
     length = min(l for l, _ in found)
@@ -181,9 +219,10 @@ def main(argv=None):
                          frequent_fraction=args.frequent_fraction,
                          scale=probe.word_scale(books, args.word_scale), profile=args.profile,
                          bootstrap=args.bootstrap, batch_size=args.batch_size,
-                         t2t_usr_dir=args.t2t_usr_dir, vocab=encoder)
+                         t2t_usr_dir=args.t2t_usr_dir, vocab=encoder, probes=args.probes,
+                         options=options_of(args))
     speed = [v["input_tokens_per_s"] for m in result["models"].values()
-             for v in m["speed"].values()]
+             for v in m["speed"].values()] or [None]
     from hparams import sets  # pylint: disable=g-import-not-at-top
     result["estimate"] = {
         # the vocabulary file's name says 32,768 subwords, public code 98,302 (not checked)

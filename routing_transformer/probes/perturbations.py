@@ -28,15 +28,13 @@ docs/probes_end_of_input.md ("what id 0 does inside an input").
 """
 import numpy as np
 
+from routing_transformer.probes.errors import ProbeError
+
 KINDS = ("shuffle", "replace", "drop", "drop_control")
 DETERMINISTIC = ("drop",)  # scored once: the runs axis of their NLL arrays has length 1
 PAD_ID = 0
 DROP_RULES = ("next", "any")
 _KIND_CODE = {kind: i for i, kind in enumerate(KINDS)}
-
-
-class ProbeError(ValueError):
-  """Bad probe input; the message is one line naming the fix."""
 
 
 def example_inputs(books, examples, n):

@@ -12,6 +12,7 @@ import numpy as np
 from routing_transformer.probes import categories as cats
 from routing_transformer.probes import report
 from routing_transformer.probes import run as run_lib
+from routing_transformer.probes import runners
 from routing_transformer.probes import sampling
 from routing_transformer.probes import scoring
 from routing_transformer.probes.errors import ProbeError
@@ -94,8 +95,8 @@ def probe(specs, books, encoder, lengths, model_length, out_dir, span=PAPER_SPAN
           num_targets=PAPER_TARGETS, seed=0, far_threshold=2048, frequent_fraction=0.1,
           frequency_corpus=None, scale=report.WORD_SCALE, profile=PROFILE, bootstrap=1000,
           batch_size=1, make_score_fn=None, t2t_usr_dir=None, vocab=None, stream="stderr",
-          extra=None):
-  """Runs the probe for every model spec; returns the result dict (report.write writes it).
+          extra=None, probes=("token",), options=None):
+  """Runs the probes for every model spec; returns the result dict (report.write writes it).
 
   Args:
     specs: [run.ModelSpec].
@@ -109,8 +110,13 @@ def probe(specs, books, encoder, lengths, model_length, out_dir, span=PAPER_SPAN
     far_threshold: "far" = last seen more than this many tokens back.
     frequency_corpus: id arrays whose counts define "frequent" (default: the probed books).
     scale: perplexity scale (report.WORD_SCALE or probe.word_scale(books, "exact")).
-    make_score_fn: spec -> score_fn (default: scoring.build_scorer + make_score_fn).
+    make_score_fn: spec -> score_fn (default: scoring.build_scorer + make_score_fn); called at
+      most once per model, not at all when every shard of the model is there.
+    probes: some of runners.PROBES ("token", "perturb", "copy", "suffix"); the others run at
+      the largest N on the same examples and targets (runners.plan).
+    options: keyword arguments of runners.plan (m and d lists, runs, kinds, suffix settings).
   """
+  probes = runners.parse_probes(probes)
   lengths = sorted(set(int(n) for n in lengths))
   check_lengths(lengths, model_length, span, profile)
   k = span[1] - span[0]
@@ -123,25 +129,47 @@ def probe(specs, books, encoder, lengths, model_length, out_dir, span=PAPER_SPAN
   codes, distance = target_categories(books, examples, lengths, frequent, ends, far_threshold)
   offsets = scoring_offsets(span, profile, min(lengths))
   digest = examples_digest(examples, books)
+  plans = runners.plan(probes, books, encoder, examples, lengths, model_length, span, seed,
+                       **(options or {}))
   if make_score_fn is None:
     def make_score_fn(spec):
       return scoring.make_score_fn(scoring.build_scorer(
           spec.checkpoint, spec.hparams_set, vocab if vocab is not None else encoder,
           spec.hparams, spec.as_local, batch_size, t2t_usr_dir))
   started = time.time()
-  nll, seconds = run_lib.run(specs, books, examples, lengths, offsets, out_dir, make_score_fn,
-                             batch_size, digest, stream)
+  nll, seconds, other = {}, {}, {}
+  ids = [b.ids for b in books]
+  for spec in specs:  # one model at a time: restored once (when anything is left), then closed
+    scorer = runners.Lazy(make_score_fn, spec)
+    if "token" in probes:
+      n, s = run_lib.run([spec], books, examples, lengths, offsets, out_dir, scorer.shared,
+                         batch_size, digest, stream)
+      nll.update(n)
+      seconds.update(s)
+    other[spec.label] = {name: runners.run_probe(spec, name, plans[name], ids, scorer, out_dir,
+                                                 digest, batch_size, stream)
+                         for name in plans}
+    scorer.close()
   figures = report.summarize(nll, offsets, span, codes, distance, scale, bootstrap=bootstrap,
                              seed=seed)
+  weights = (report.resample_weights(len(examples.end), bootstrap, seed) if bootstrap else None)
   models = {}
   for spec in specs:
     speed = {str(n): {"seconds": seconds[spec.label][n],
                       "input_tokens_per_s": len(examples.end) * n / max(seconds[spec.label][n],
                                                                        1e-9)}
-             for n in lengths}
+             for n in lengths if spec.label in seconds}
     models[spec.label] = {"checkpoint": spec.checkpoint, "hparams_set": str(spec.hparams_set),
                           "hparams": spec.hparams, "as_local": bool(spec.as_local),
-                          "figures": figures[spec.label], "speed": speed}
+                          "figures": figures.get(spec.label, {}), "speed": speed}
+    for name, (arrays, took) in other[spec.label].items():
+      protocol = plans[name]["protocol"]
+      if name == "suffix":
+        models[spec.label][name] = report.summarize_suffix(arrays, protocol, bootstrap, seed)
+      else:
+        summarize = report.summarize_perturb if name == "perturb" else report.summarize_copy
+        models[spec.label][name] = summarize(arrays, protocol, scale, weights)
+      models[spec.label][name]["seconds"] = took
   protocol = {
       "books": [[b.book_id, b.title, int(len(b.ids)), b.words] for b in books],
       "lengths": lengths, "span": list(span), "k": k, "inputs": len(examples.end),
@@ -151,7 +179,9 @@ def probe(specs, books, encoder, lengths, model_length, out_dir, span=PAPER_SPAN
       "frequent_types": int(frequent.sum()), "word_scale": scale, "offsets": offsets,
       "end_spans": ["%d:%d" % s for s in report.END_SPANS], "bootstrap": bootstrap,
       "interval": "95% percentile bootstrap over inputs", "examples_digest": digest,
-      "wall_seconds": time.time() - started}
+      "wall_seconds": time.time() - started, "probes": list(probes)}
+  for name, p in plans.items():
+    protocol[name] = p["protocol"]
   result = {"protocol": protocol, "models": models}
   result.update(extra or {})
   return result

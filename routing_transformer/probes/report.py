@@ -89,6 +89,61 @@ def summarize(nll, offsets, span, target_codes, distance_codes, scale, end_spans
   return out
 
 
+def target_figure(nll, scale, weights):
+  """figure of NLLs [E, K] or [R, E, K] (R runs averaged per target first); tokens = E x K
+  targets, "runs" = R."""
+  nll = np.asarray(nll, np.float64)
+  runs = nll.shape[0] if nll.ndim == 3 else 1
+  if nll.ndim == 3:
+    nll = nll.mean(0)
+  out = figure(nll.sum(1), np.full(len(nll), nll.shape[1]), scale, weights)
+  out["runs"] = runs
+  return out
+
+
+def summarize_perturb(arrays, protocol, scale, weights):
+  """{n, baseline, kinds: {kind: {m: figure}}, dropped: {m: {inputs, mean, total}}} of
+  runners.score("perturb") arrays (weights: resample_weights over the inputs)."""
+  out = {"n": protocol["n"], "baseline": target_figure(arrays["baseline"], scale, weights),
+         "kinds": {}, "dropped": {}}
+  for kind in protocol["kinds"]:
+    out["kinds"][kind] = {str(m): target_figure(v, scale, weights)
+                          for m, v in sorted(arrays["nll"][kind].items())}
+  for m, c in sorted(arrays.get("dropped", {}).items()):
+    out["dropped"][str(m)] = {"inputs": int(len(c)), "mean": float(np.mean(c)),
+                              "total": int(np.sum(c))}
+  return out
+
+
+def summarize_copy(arrays, protocol, scale, weights):
+  """{n, context, baseline, distances: {d: figure}} of runners.score("copy") arrays."""
+  return {"n": protocol["n"], "context": protocol["context"],
+          "baseline": target_figure(arrays["baseline"], scale, weights),
+          "distances": {str(d): target_figure(v, scale, weights)
+                        for d, v in sorted(arrays["nll"].items())}}
+
+
+def summarize_suffix(arrays, protocol, bootstrap=1000, seed=0):
+  """{chance, prefixes: {P: {examples, tokens, accuracy, ci, gold_nll}}}: accuracy = mean tie-
+  shared credit (suffix.identification_credit), 95% percentile bootstrap over examples."""
+  from routing_transformer.probes import suffix  # pylint: disable=g-import-not-at-top
+  out = {"chance": protocol["chance"], "prefixes": {}}
+  weights = None
+  for p, means in sorted(arrays["mean_nll"].items()):
+    means = np.asarray(means, np.float64)
+    if weights is None and bootstrap:
+      weights = resample_weights(len(means), bootstrap, seed)
+    credit = suffix.identification_credit(means)
+    fig = {"examples": int(len(means)),
+           "tokens": int(means.size * protocol["suffix_length"]),
+           "accuracy": float(credit.mean()), "ci": None, "gold_nll": float(means[:, 0].mean())}
+    if weights is not None:
+      lo, hi = np.percentile(weights @ credit / len(credit), [2.5, 97.5])
+      fig["ci"] = [float(lo), float(hi)]
+    out["prefixes"][str(p)] = fig
+  return out
+
+
 def cell(fig):
   if not fig or fig["ppl"] is None:
     return "-"
@@ -102,6 +157,13 @@ def lengths_of(result):
 
 
 def markdown(result, names=None):
+  """Tables of every probe in the result: the token probe's (token_markdown), perturbations,
+  sequence copy, suffix identification."""
+  out = token_markdown(result, names) if lengths_of(result) else ""
+  return out + perturb_markdown(result) + copy_markdown(result) + suffix_markdown(result)
+
+
+def token_markdown(result, names=None):
   """Tables: per category, models x N (perplexity [95% interval]; token counts below)."""
   lengths = lengths_of(result)
   models = result["models"]
@@ -134,6 +196,15 @@ def markdown(result, names=None):
 
 
 def plot(result, out_dir, prefix="probes"):
+  """PNGs of every probe in the result (token_plot, plot_perturbations, plot_copy, plot_suffix).
+  Returns the paths."""
+  paths = token_plot(result, out_dir, prefix) if lengths_of(result) else []
+  for fn in (plot_perturbations, plot_copy, plot_suffix):
+    paths += fn(result, out_dir, prefix)
+  return paths
+
+
+def token_plot(result, out_dir, prefix="probes"):
   """PNGs: perplexity vs N per category (models on one figure), end-of-input spans vs N, mean
   loss by position near the end. Returns the paths."""
   import matplotlib  # pylint: disable=g-import-not-at-top
@@ -167,6 +238,7 @@ def plot(result, out_dir, prefix="probes"):
               .get(name, {}).get("tokens", 0) for n in lengths]
     ax.set_title("%s (%s tokens)" % (name, "%d" % counts[0] if min(counts) == max(counts) else
                                      "%d..%d by N" % (counts[0], counts[-1])), fontsize=9)
+    ax.set_xlim(lengths[0] / 1.2, lengths[-1] * 1.2)  # a panel with no tokens has no data
     ax.set_xscale("log", base=2)
     ax.set_xticks(lengths)
     ax.set_xticklabels([str(n) for n in lengths], fontsize=7)
@@ -191,6 +263,7 @@ def plot(result, out_dir, prefix="probes"):
       ax.plot(lengths, y, marker="o", label="[%s]" % s)
       ax.fill_between(lengths, lo, hi, alpha=0.15)
     ax.set_title("%s: end-of-input spans" % label, fontsize=9)
+    ax.set_xlim(lengths[0] / 1.2, lengths[-1] * 1.2)  # a panel with no tokens has no data
     ax.set_xscale("log", base=2)
     ax.set_xticks(lengths)
     ax.set_xticklabels([str(n) for n in lengths], fontsize=7)
@@ -214,12 +287,197 @@ def plot(result, out_dir, prefix="probes"):
   return paths
 
 
+def _with(result, probe):
+  return [(label, m[probe]) for label, m in result["models"].items() if m.get(probe)]
+
+
+def _row(label, first, figs):
+  return "| %s | %s |" % (" | ".join([label] + first), " | ".join(cell(f) for f in figs))
+
+
+def perturb_markdown(result):
+  """Per model: perplexity [95%] of the targets with the first m tokens perturbed, by kind."""
+  found = _with(result, "perturb")
+  if not found:
+    return ""
+  p = result["protocol"]["perturb"]
+  ms = [str(m) for m in p["m"]]
+  lines = ["\n**Perturbations** of the first m tokens of N=%d inputs (the token probe's "
+           "targets; %d runs of the random kinds, averaged): perplexity [95%% bootstrap interval "
+           "over inputs]; none = unperturbed" % (p["n"], p["runs"]),
+           "| model | kind | none | " + " | ".join("m=%s" % m for m in ms) + " |",
+           "|---|---|---|" + "---|" * len(ms)]
+  for label, f in found:
+    for kind in p["kinds"]:
+      lines.append(_row(label, [kind, cell(f["baseline"])],
+                        [f["kinds"][kind].get(m) for m in ms]))
+    if f["dropped"]:
+      lines.append("| %s | tokens dropped per input (drop = control) | | %s |" % (
+          label, " | ".join("%.1f" % f["dropped"][m]["mean"] for m in ms)))
+  first = found[0][1]
+  lines.append("| tokens | | %d | %s |" % (first["baseline"]["tokens"], " | ".join(
+      str(next(iter(first["kinds"].values()))[m]["tokens"]) for m in ms)))
+  return "\n".join(lines) + "\n"
+
+
+def copy_markdown(result):
+  """Per model: perplexity [95%] of the targets with their sequence copied d tokens before."""
+  found = _with(result, "copy")
+  if not found:
+    return ""
+  p = result["protocol"]["copy"]
+  ds = [str(d) for d in p["d"]]
+  lines = ["\n**Sequence copy**: the target sequence (with %d tokens before it) pasted d tokens "
+           "before the targets of N=%d inputs: perplexity [95%% bootstrap interval over inputs]; "
+           "none = no copy" % (p["context"], p["n"]),
+           "| model | none | " + " | ".join("d=%s" % d for d in ds) + " |",
+           "|---|---|" + "---|" * len(ds)]
+  for label, f in found:
+    lines.append(_row(label, [cell(f["baseline"])], [f["distances"].get(d) for d in ds]))
+  first = found[0][1]
+  lines.append("| tokens | %d | %s |" % (first["baseline"]["tokens"], " | ".join(
+      str(first["distances"][d]["tokens"]) for d in ds)))
+  return "\n".join(lines) + "\n"
+
+
+def suffix_markdown(result):
+  """Per model: suffix-identification accuracy [95%] by prefix length P (chance 1/6)."""
+  found = _with(result, "suffix")
+  if not found:
+    return ""
+  p = result["protocol"]["suffix"]
+  ps = [str(x) for x in p["prefixes"]]
+
+  def acc(f):
+    if not f:
+      return "-"
+    if f.get("ci"):
+      return "%.3f [%.3f, %.3f]" % (f["accuracy"], f["ci"][0], f["ci"][1])
+    return "%.3f" % f["accuracy"]
+
+  lines = ["\n**Suffix identification**: the gold next %d tokens vs %d negatives of the same "
+           "book, after a prefix of P tokens ending at a sentence end: accuracy [95%% bootstrap "
+           "interval over examples], chance %.3f" % (p["suffix_length"], p["negatives"],
+                                                    p["chance"]),
+           "| model | " + " | ".join("P=%s" % x for x in ps) + " |",
+           "|---|" + "---|" * len(ps)]
+  for label, f in found:
+    lines.append("| %s | %s |" % (label, " | ".join(acc(f["prefixes"].get(x)) for x in ps)))
+  lines.append("| examples | %s |" % " | ".join(
+      str(found[0][1]["prefixes"][x]["examples"]) for x in ps))
+  return "\n".join(lines) + "\n"
+
+
+def _pyplot():
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  return plt
+
+
+def _curve(ax, xs, figs, key="ppl", **kw):
+  y = np.array([f[key] if f and f.get(key) is not None else np.nan for f in figs], float)
+  ci = np.array([(f or {}).get("ci") or [np.nan, np.nan] for f in figs], float)
+  line, = ax.plot(xs, y, marker="o", **kw)
+  ax.fill_between(xs, ci[:, 0], ci[:, 1], alpha=0.15, color=line.get_color())
+  return line
+
+
+def plot_perturbations(result, out_dir, prefix="probes"):
+  """<prefix>_perturbations.png: perplexity vs m, one line per kind, one panel per model, the
+  unperturbed perplexity as a dashed line (drop vs its control: solid vs dotted)."""
+  found = _with(result, "perturb")
+  if not found:
+    return []
+  plt = _pyplot()
+  p = result["protocol"]["perturb"]
+  fig, axes = plt.subplots(1, len(found), figsize=(4.6 * len(found), 3.6), squeeze=False)
+  for ax, (label, f) in zip(axes.flat, found):
+    for kind in p["kinds"]:
+      _curve(ax, p["m"], [f["kinds"][kind].get(str(m)) for m in p["m"]], label=kind,
+             linestyle=":" if kind == "drop_control" else "-")
+    ax.axhline(f["baseline"]["ppl"], color="k", linestyle="--", lw=1, label="unperturbed")
+    ax.set_title("%s: first m of N=%d perturbed (%d targets)" % (label, p["n"],
+                                                                f["baseline"]["tokens"]),
+                 fontsize=9)
+    ax.set_xlabel("m (tokens perturbed)", fontsize=8)
+    ax.set_ylabel("perplexity", fontsize=8)
+    ax.legend(fontsize=7)
+  fig.suptitle("Perturbed prefixes (bands: 95% bootstrap over inputs)", fontsize=10)
+  fig.tight_layout()
+  path = os.path.join(out_dir, prefix + "_perturbations.png")
+  fig.savefig(path, dpi=110)
+  plt.close(fig)
+  return [path]
+
+
+def plot_copy(result, out_dir, prefix="probes"):
+  """<prefix>_copy.png: perplexity vs copy distance d per model (dashed: no copy)."""
+  found = _with(result, "copy")
+  if not found:
+    return []
+  plt = _pyplot()
+  p = result["protocol"]["copy"]
+  fig, ax = plt.subplots(figsize=(5.4, 3.8))
+  for label, f in found:
+    line = _curve(ax, p["d"], [f["distances"].get(str(d)) for d in p["d"]], label=label)
+    ax.axhline(f["baseline"]["ppl"], color=line.get_color(), linestyle="--", lw=1)
+  ax.set_xlim(min(p["d"]) / 1.2, max(p["d"]) * 1.2)
+  ax.set_xscale("log", base=2)
+  ax.set_xticks(p["d"])
+  ax.set_xticklabels([str(d) for d in p["d"]], fontsize=7)
+  ax.set_xlabel("distance d of the copy before the targets", fontsize=8)
+  ax.set_ylabel("perplexity", fontsize=8)
+  ax.set_title("Sequence copy, N=%d (%d targets; dashed: no copy; bands: 95%% bootstrap)"
+               % (p["n"], found[0][1]["baseline"]["tokens"]), fontsize=9)
+  ax.legend(fontsize=7)
+  fig.tight_layout()
+  path = os.path.join(out_dir, prefix + "_copy.png")
+  fig.savefig(path, dpi=110)
+  plt.close(fig)
+  return [path]
+
+
+def plot_suffix(result, out_dir, prefix="probes"):
+  """<prefix>_suffix.png: suffix-identification accuracy vs prefix length P, chance line."""
+  found = _with(result, "suffix")
+  if not found:
+    return []
+  plt = _pyplot()
+  p = result["protocol"]["suffix"]
+  fig, ax = plt.subplots(figsize=(5.4, 3.8))
+  for label, f in found:
+    _curve(ax, p["prefixes"], [f["prefixes"].get(str(x)) for x in p["prefixes"]],
+           key="accuracy", label=label)
+  ax.axhline(p["chance"], color="k", linestyle="--", lw=1, label="chance 1/%d" % (
+      p["negatives"] + 1))
+  ax.set_xlim(min(p["prefixes"]) / 1.2, max(p["prefixes"]) * 1.2)
+  ax.set_xscale("log", base=2)
+  ax.set_xticks(p["prefixes"])
+  ax.set_xticklabels([str(x) for x in p["prefixes"]], fontsize=7)
+  ax.set_ylim(0, 1)
+  ax.set_xlabel("prefix length P", fontsize=8)
+  ax.set_ylabel("accuracy", fontsize=8)
+  ax.set_title("Suffix identification (%d examples; bands: 95%% bootstrap)" % p["examples"],
+               fontsize=9)
+  ax.legend(fontsize=7)
+  fig.tight_layout()
+  path = os.path.join(out_dir, prefix + "_suffix.png")
+  fig.savefig(path, dpi=110)
+  plt.close(fig)
+  return [path]
+
+
 def merge(results):
   """One result from several JSONs of the same protocol (their models side by side)."""
   base = dict(results[0])
   base["models"] = dict(base["models"])
   for r in results[1:]:
-    if r["protocol"].get("examples_digest") != base["protocol"].get("examples_digest"):
+    same = all(r["protocol"].get(k) == base["protocol"].get(k)
+               for k in ("perturb", "copy", "suffix")
+               if k in r["protocol"] and k in base["protocol"])
+    if not same or r["protocol"].get("examples_digest") != base["protocol"].get(
+        "examples_digest"):
       from routing_transformer.probes.errors import ProbeError  # pylint: disable=g-import-not-at-top
       raise ProbeError("the JSONs to merge were sampled differently (other books, seed, span or "
                        "N); rerun them with the same protocol flags")

@@ -21,8 +21,8 @@ perturbations.py); the rows of one P have the same length, so they batch.
 import numpy as np
 
 from routing_transformer.probes import perturbations
+from routing_transformer.probes.errors import ProbeError
 
-ProbeError = perturbations.ProbeError
 SUFFIX_LENGTH = 128
 NEGATIVES = 5
 TERMINALS = (".", "!", "?")
