@@ -139,6 +139,16 @@ def mount_tmpfs(path, size):
   return done.returncode == 0
 
 
+def disk_usage(path, page=4096):
+  """Bytes a copy of the tree at `path` takes on a tmpfs: every file (also in sub-folders, e.g.
+  eval/) rounded up to whole pages, plus a page per folder."""
+  total = 0
+  for folder, _, files in os.walk(path):
+    total += page + sum(-(-os.path.getsize(os.path.join(folder, f)) // page) * page
+                        for f in files)
+  return total
+
+
 def error_lines(stderr):
   return [line for line in stderr.splitlines() if line.startswith(("error:", "warning:"))]
 
@@ -170,8 +180,7 @@ def test_damaged_newest_checkpoint_then_full_disk(trained_run, data_dir, tmp_pat
                                     full // 2, full, os.path.join(source, good))]
 
   out = str(tmp_path / "disk")
-  used = sum(os.path.getsize(os.path.join(source, n)) for n in os.listdir(source)
-             if os.path.isfile(os.path.join(source, n)))
+  used = disk_usage(source)
   checkpoint = sum(os.path.getsize(p) for p in glob.glob(os.path.join(source, good + ".*")))
   real_disk = mount_tmpfs(out, used + 64 * 1024 + checkpoint // 2)  # the next save cannot fit
   try:
