@@ -25,13 +25,10 @@ import collections
 import numpy as np
 import tensorflow.compat.v1 as tf
 
-from tensor2tensor.data_generators import problem
 from tensor2tensor.data_generators import text_encoder
 from tensor2tensor.layers import modalities
 from tensor2tensor.utils import registry
 
-from problems import lm
-from problems import shards
 from problems import synthetic
 from routing_transformer import cost
 
@@ -203,38 +200,12 @@ class RetrievalEncoder(text_encoder.TextEncoder):
     return [self.token_name(i) for i in np.asarray(ids).reshape([-1])]
 
 
-class LongRangeRetrieval(lm.RecordsCheck, problem.Problem):
+class LongRangeRetrieval(synthetic.GeneratedSequences):
   """Base of the registered layouts; subclasses set `layout`."""
 
-  layout = None
-  num_train = 20000
   num_eval = 500
-  num_train_shards = 4
-  num_eval_shards = 1
-
-  @property
-  def dataset_splits(self):
-    return [
-        {"split": problem.DatasetSplit.TRAIN, "shards": self.num_train_shards,
-         "seed": TRAIN_SEED, "num": self.num_train},
-        {"split": problem.DatasetSplit.EVAL, "shards": self.num_eval_shards,
-         "seed": EVAL_SEED, "num": self.num_eval},
-    ]
-
-  @property
-  def batch_size_means_tokens(self):
-    return True
-
-  def generate_data(self, data_dir, tmp_dir, task_id=-1):
-    """Writes the splits restartably (`problems.shards`): complete shards are kept."""
-    del tmp_dir, task_id
-    tf.io.gfile.makedirs(data_dir)
-    for split in self.dataset_splits:
-      paths = self.data_filepaths(split["split"], data_dir, split["shards"], shuffled=True)
-      samples = generate_samples(split["seed"], split["num"], self.layout)
-      shards.write_split(paths, self.dataset_filename(), list(samples),
-                         lambda row: ([{"targets": row.tolist()}], {"tokens": len(row)}),
-                         "%s %s" % (self.name, split["split"]), "sequences", shuffle=False)
+  seeds = (TRAIN_SEED, EVAL_SEED)
+  generate = staticmethod(generate_samples)
 
   def feature_encoders(self, data_dir):
     del data_dir

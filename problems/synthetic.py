@@ -198,23 +198,28 @@ def layout_metric(metric, layout):
   return fn
 
 
-@registry.register_problem
-class SyntheticLongRange(lm.RecordsCheck, problem.Problem):
-  """Key-value recall across `LENGTH` tokens (T2T name: synthetic_long_range)."""
+class GeneratedSequences(lm.RecordsCheck, problem.Problem):
+  """A problem whose splits are `generate(seed, num, layout)` sequences (no download), one seed
+  per split (`seeds`: train, eval), written restartably (`problems.shards`)."""
 
-  layout = DEFAULT
+  layout = None
   num_train = 20000
   num_eval = 1000
   num_train_shards = 4
   num_eval_shards = 1
+  seeds = (None, None)
+
+  @staticmethod
+  def generate(seed, num, layout):
+    raise NotImplementedError
 
   @property
   def dataset_splits(self):
     return [
         {"split": problem.DatasetSplit.TRAIN, "shards": self.num_train_shards,
-         "seed": TRAIN_SEED, "num": self.num_train},
+         "seed": self.seeds[0], "num": self.num_train},
         {"split": problem.DatasetSplit.EVAL, "shards": self.num_eval_shards,
-         "seed": EVAL_SEED, "num": self.num_eval},
+         "seed": self.seeds[1], "num": self.num_eval},
     ]
 
   @property
@@ -227,10 +232,19 @@ class SyntheticLongRange(lm.RecordsCheck, problem.Problem):
     tf.io.gfile.makedirs(data_dir)
     for split in self.dataset_splits:
       paths = self.data_filepaths(split["split"], data_dir, split["shards"], shuffled=True)
-      samples = generate_samples(split["seed"], split["num"], self.layout)
+      samples = self.generate(split["seed"], split["num"], self.layout)
       shards.write_split(paths, self.dataset_filename(), list(samples),
                          lambda row: ([{"targets": row.tolist()}], {"tokens": len(row)}),
                          "%s %s" % (self.name, split["split"]), "sequences", shuffle=False)
+
+
+@registry.register_problem
+class SyntheticLongRange(GeneratedSequences):
+  """Key-value recall across `LENGTH` tokens (T2T name: synthetic_long_range)."""
+
+  layout = DEFAULT
+  seeds = (TRAIN_SEED, EVAL_SEED)
+  generate = staticmethod(generate_samples)
 
   def feature_encoders(self, data_dir):
     del data_dir
