@@ -404,8 +404,23 @@ def plot_perturbations(result, out_dir, prefix="probes"):
     ax.set_ylabel("perplexity", fontsize=8)
     ax.legend(fontsize=7)
   fig.suptitle("Perturbed prefixes (bands: 95% bootstrap over inputs)", fontsize=10)
+  return _save(plt, fig, out_dir, prefix + "_perturbations.png")
+
+
+def _log2_axis(ax, values, xlabel, ylabel):
+  """x on a log-2 scale with a tick (labelled) at every value of `values`."""
+  ax.set_xlim(min(values) / 1.2, max(values) * 1.2)
+  ax.set_xscale("log", base=2)
+  ax.set_xticks(values)
+  ax.set_xticklabels([str(v) for v in values], fontsize=7)
+  ax.set_xlabel(xlabel, fontsize=8)
+  ax.set_ylabel(ylabel, fontsize=8)
+
+
+def _save(plt, fig, out_dir, name):
+  """Lays out and writes fig as out_dir/name; [its path]."""
   fig.tight_layout()
-  path = os.path.join(out_dir, prefix + "_perturbations.png")
+  path = os.path.join(out_dir, name)
   fig.savefig(path, dpi=110)
   plt.close(fig)
   return [path]
@@ -422,20 +437,11 @@ def plot_copy(result, out_dir, prefix="probes"):
   for label, f in found:
     line = _curve(ax, p["d"], [f["distances"].get(str(d)) for d in p["d"]], label=label)
     ax.axhline(f["baseline"]["ppl"], color=line.get_color(), linestyle="--", lw=1)
-  ax.set_xlim(min(p["d"]) / 1.2, max(p["d"]) * 1.2)
-  ax.set_xscale("log", base=2)
-  ax.set_xticks(p["d"])
-  ax.set_xticklabels([str(d) for d in p["d"]], fontsize=7)
-  ax.set_xlabel("distance d of the copy before the targets", fontsize=8)
-  ax.set_ylabel("perplexity", fontsize=8)
+  _log2_axis(ax, p["d"], "distance d of the copy before the targets", "perplexity")
   ax.set_title("Sequence copy, N=%d (%d targets; dashed: no copy; bands: 95%% bootstrap)"
                % (p["n"], found[0][1]["baseline"]["tokens"]), fontsize=9)
   ax.legend(fontsize=7)
-  fig.tight_layout()
-  path = os.path.join(out_dir, prefix + "_copy.png")
-  fig.savefig(path, dpi=110)
-  plt.close(fig)
-  return [path]
+  return _save(plt, fig, out_dir, prefix + "_copy.png")
 
 
 def plot_suffix(result, out_dir, prefix="probes"):
@@ -451,21 +457,12 @@ def plot_suffix(result, out_dir, prefix="probes"):
            key="accuracy", label=label)
   ax.axhline(p["chance"], color="k", linestyle="--", lw=1, label="chance 1/%d" % (
       p["negatives"] + 1))
-  ax.set_xlim(min(p["prefixes"]) / 1.2, max(p["prefixes"]) * 1.2)
-  ax.set_xscale("log", base=2)
-  ax.set_xticks(p["prefixes"])
-  ax.set_xticklabels([str(x) for x in p["prefixes"]], fontsize=7)
+  _log2_axis(ax, p["prefixes"], "prefix length P", "accuracy")
   ax.set_ylim(0, 1)
-  ax.set_xlabel("prefix length P", fontsize=8)
-  ax.set_ylabel("accuracy", fontsize=8)
   ax.set_title("Suffix identification (%d examples; bands: 95%% bootstrap)" % p["examples"],
                fontsize=9)
   ax.legend(fontsize=7)
-  fig.tight_layout()
-  path = os.path.join(out_dir, prefix + "_suffix.png")
-  fig.savefig(path, dpi=110)
-  plt.close(fig)
-  return [path]
+  return _save(plt, fig, out_dir, prefix + "_suffix.png")
 
 
 def merge(results):
