@@ -46,6 +46,7 @@ class TrainerState(object):
     self.evaluated = set()  # steps evaluated (Estimator may evaluate the last one twice)
     self.session_ready = False  # the training graph is built
     self.note = None  # the last datagen progress line (problems/shards.py)
+    self._after_eval = False  # global_step/sec until the next loss spans an evaluation
     self._partial = ""
 
   def feed(self, text):
@@ -65,12 +66,14 @@ class TrainerState(object):
     if match:
       self.loss, self.step = float(match.group(1)), int(match.group(2))
       self.evaluation = None
+      self._after_eval = False
     match = CHECKPOINT.search(line)
     if match:
       self.step = max(self.step or 0, int(match.group(1)))
     match = SPEED.search(line)
     if match:
-      self.speed = float(match.group(1))
+      if not self._after_eval:
+        self.speed = float(match.group(1))
     if EVAL_START in line and self.evaluation is None:
       self.evaluation = (0, None)
     match = EVALUATION.search(line)
@@ -80,6 +83,7 @@ class TrainerState(object):
     if match:
       self.evaluation = None
       self.evaluated.add(int(match.group(1)))
+      self._after_eval = True
     if SESSION_READY in line:
       self.session_ready = True
     match = SHARD_NOTE.search(line)

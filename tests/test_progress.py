@@ -37,6 +37,19 @@ def test_losses_and_speed_are_read_once_per_step():
   assert not state.feed(LOG.splitlines(True)[-1])  # the absl copy of the last line: nothing new
 
 
+def test_the_speed_logged_across_an_evaluation_is_not_shown():
+  """The first global_step/sec after an evaluation (both copies) spans the evaluation: the
+  status keeps the last training speed until the next loss line, then takes new ones."""
+  state = progress.TrainerState()
+  state.feed(LOG + EVAL + EVAL_DONE)
+  state.feed("INFO:tensorflow:global_step/sec: 0.44\n"
+             "I1125 10:39:00.1 1 basic_session_run_hooks.py:260] global_step/sec: 0.44\n")
+  assert state.speed == 1.25
+  state.feed("INFO:tensorflow:loss = 7.1, step = 31 (20.000 sec)\n"
+             "INFO:tensorflow:global_step/sec: 1.5\n")
+  assert (state.step, state.speed) == (31, 1.5)
+
+
 def test_a_line_cut_between_reads_is_read_whole():
   state = progress.TrainerState()
   cut = LOG.index("7.5, step = 11") + 3
