@@ -198,7 +198,7 @@ def test_damaged_newest_checkpoint_then_full_disk(trained_run, data_dir, tmp_pat
                              timeout=600)
     lines = error_lines(trainer.stderr)
     assert trainer.returncode != 0, trainer.stderr[-3000:]
-    assert "Traceback" not in trainer.stderr, trainer.stderr[-3000:]
+    assert "Traceback (most recent call last)" not in trainer.stderr, trainer.stderr[-3000:]
     assert len(lines) == 2, lines
     assert lines[0].startswith("warning: checkpoint %s is damaged (%s is %d bytes"
                                % (newest, os.path.basename(data), full // 2)), lines
