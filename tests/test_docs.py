@@ -1034,13 +1034,15 @@ OUTPUT_PATH = re.compile(r"(?<![\w/.])((?:demo_output|benchmarks/results|soak_ou
 # names the files it writes, names that stand for a <placeholder> or a run: module constants).
 WRITERS = [
     ("scripts/demo.py", "output", ["scripts/demo.py", "scripts/t2t_runs.py",
-                                   "routing_transformer/analysis.py"], "MODELS"),
+                                   "routing_transformer/analysis.py",
+                                   "routing_transformer/probes/demo.py"], "MODELS"),
     ("scripts/demo_long_range.py", "output", ["scripts/demo_long_range.py",
                                               "scripts/t2t_runs.py",
                                               "routing_transformer/analysis.py"], "MODELS"),
     ("benchmarks/long_range_quality.py", "output", ["benchmarks/long_range_quality.py"], "TASKS"),
     ("benchmarks/attention.py", "out", ["benchmarks/attention.py"], None),
     ("benchmarks/train_step.py", "out", ["benchmarks/train_step.py"], None),
+    ("benchmarks/tiny_step_profile.py", "out", ["benchmarks/tiny_step_profile.py"], None),
     ("benchmarks/decode.py", "out", ["benchmarks/decode.py"], None),
     ("benchmarks/peers.py", "out", ["benchmarks/peers.py"], None),
     ("scripts/soak.py", "output_dir", ["scripts/soak.py"], None),
