@@ -38,14 +38,20 @@ def shard_path(out_dir, label, length):
   return os.path.join(out_dir, "shards", safe, "N%d.npz" % length)
 
 
-def load_shard(path, digest):
-  """(nll [E, P], seconds) of a finished shard with this fingerprint, else None."""
+def read_shard(path, digest):
+  """({name: array}, seconds) of a finished .npz shard with this fingerprint, else None."""
   if not os.path.exists(path):
     return None
   with np.load(path) as z:
     if str(z["fingerprint"]) != digest:
       return None
-    return z["nll"], float(z["seconds"])
+    return {k: z[k] for k in z.files}, float(z["seconds"])
+
+
+def load_shard(path, digest):
+  """(nll [E, P], seconds) of a finished shard with this fingerprint, else None."""
+  found = read_shard(path, digest)
+  return None if found is None else (found[0]["nll"], found[1])
 
 
 def save_shard(path, digest, nll, seconds):

@@ -19,6 +19,7 @@ import time
 import numpy as np
 
 from routing_transformer.probes import perturbations as pt
+from routing_transformer.probes import run as run_lib
 from routing_transformer.probes import sampling
 from routing_transformer.probes import suffix as sx
 from routing_transformer.probes.errors import ProbeError
@@ -191,13 +192,11 @@ def unflatten(flat):
 
 def load_shard(path, digest):
   """(arrays, seconds) of a finished shard with this fingerprint, else None."""
-  if not os.path.exists(path):
+  found = run_lib.read_shard(path, digest)
+  if found is None:
     return None
-  with np.load(path) as z:
-    if str(z["fingerprint"]) != digest:
-      return None
-    flat = {k[2:]: z[k] for k in z.files if k.startswith("a_")}
-    return unflatten(flat), float(z["seconds"])
+  arrays, seconds = found
+  return unflatten({k[2:]: v for k, v in arrays.items() if k.startswith("a_")}), seconds
 
 
 def save_shard(path, digest, arrays, seconds):
