@@ -57,7 +57,7 @@ def points(lengths):
 def build_step(point, xla):
   import numpy as np  # pylint: disable=g-import-not-at-top
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  from routing_transformer import attention  # pylint: disable=g-import-not-at-top
+  from routing_transformer.core import attention  # pylint: disable=g-import-not-at-top
   n = point["n"]
   rng = np.random.default_rng(0)
   q, k, v, cot = [tf.constant(rng.standard_normal((BATCH, HEADS, n, DEPTH)), tf.float32)

@@ -46,8 +46,8 @@ def build(length, mode, prompt_length=0, generate=0, routing_mode="topk"):
   """A session runner: mode "cached" (the decode loop) or "recompute" (one forward pass)."""
   import numpy as np  # pylint: disable=g-import-not-at-top
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  from routing_transformer import decoding  # pylint: disable=g-import-not-at-top
-  from routing_transformer import model as model_lib  # pylint: disable=g-import-not-at-top
+  from routing_transformer.core import decoding  # pylint: disable=g-import-not-at-top
+  from routing_transformer.t2t import model as model_lib  # pylint: disable=g-import-not-at-top
   from tensor2tensor.data_generators import problem_hparams  # pylint: disable=g-import-not-at-top
   tf1 = tf.compat.v1
   hparams = small_hparams(length, routing_mode)

@@ -12,7 +12,7 @@ local heads (same size). Tasks:
               every evaluation; sets routing_transformer_tiny / local_transformer_tiny.
   books       pg19_length2k (make demo's Shakespeare books, already generated in --books_data):
               validation loss at every evaluation, then test subword and word-level perplexity
-              (routing_transformer.evaluate); sets pg19_local_cluster_tiny2k / pg19_local_tiny2k.
+              (routing_transformer.tools.evaluate); sets pg19_local_cluster_tiny2k / pg19_local_tiny2k.
 Runs are resumable (a finished run is read back, not repeated). Writes <output>/<task>.json
 (every run), <task>.md (mean and spread over seeds) and <task>.png (curves, mean over seeds).
 """
@@ -112,7 +112,7 @@ def run_one(task, problem, config, seed, args):
   record.update(history[max(history)])
   if task == "books":  # test perplexities of the final checkpoint
     out = run_dir + ".test.json"
-    t2t_runs.python_module("routing_transformer.evaluate", [
+    t2t_runs.python_module("routing_transformer.tools.evaluate", [
         "--problem=" + problem, "--data_dir=" + data_dir, "--hparams_set=" + hparams_set,
         "--hparams=" + hparams_string(overrides), "--checkpoint=" + run_dir, "--split=test",
         "--batch_size=4", "--output_json=" + out], run_dir + ".evaluate.log")
@@ -161,7 +161,7 @@ def markdown(task, records, configs):
 def plot(task, records, configs, path):
   """One panel per problem: the curve metric (mean over seeds) against steps, per config."""
   import numpy as np  # pylint: disable=g-import-not-at-top
-  from routing_transformer import curves  # pylint: disable=g-import-not-at-top
+  from routing_transformer.tools import curves  # pylint: disable=g-import-not-at-top
   plt = curves.pyplot()
   tag = "far_accuracy" if task == "long_range" else "loss"
   problems = list(dict.fromkeys(r["problem"] for r in records))

@@ -22,7 +22,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 def random_checkpoint(directory, hparams, vocab_size):
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  from routing_transformer import model as model_lib  # pylint: disable=g-import-not-at-top
+  from routing_transformer.t2t import model as model_lib  # pylint: disable=g-import-not-at-top
   from tensor2tensor.data_generators import problem_hparams  # pylint: disable=g-import-not-at-top
   tf1 = tf.compat.v1
   length = hparams.max_target_length
@@ -44,9 +44,9 @@ def main():
   parser.add_argument("--positions", type=int, default=64)
   args = parser.parse_args()
   import numpy as np  # pylint: disable=g-import-not-at-top
-  from routing_transformer import checkpoints  # pylint: disable=g-import-not-at-top
-  from routing_transformer import score  # pylint: disable=g-import-not-at-top
-  from routing_transformer.probes import scoring  # pylint: disable=g-import-not-at-top
+  from routing_transformer.tools import checkpoints  # pylint: disable=g-import-not-at-top
+  from routing_transformer.tools import score  # pylint: disable=g-import-not-at-top
+  from routing_transformer.tools.probes import scoring  # pylint: disable=g-import-not-at-top
   from tensor2tensor.data_generators import text_encoder  # pylint: disable=g-import-not-at-top
   hparams = checkpoints.hparams_from_flags(args.hparams_set)
   length = hparams.max_target_length

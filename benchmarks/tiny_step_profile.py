@@ -26,7 +26,7 @@ def build(hparams_set, xla):
   import numpy as np  # pylint: disable=g-import-not-at-top
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   import t2t_usr_dir  # pylint: disable=g-import-not-at-top,unused-import
-  from routing_transformer import model as model_lib  # pylint: disable=g-import-not-at-top
+  from routing_transformer.t2t import model as model_lib  # pylint: disable=g-import-not-at-top
   from tensor2tensor.data_generators import problem_hparams  # pylint: disable=g-import-not-at-top
   from tensor2tensor.utils import optimize, registry  # pylint: disable=g-import-not-at-top
   tf1 = tf.compat.v1

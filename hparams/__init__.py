@@ -1,5 +1,5 @@
 """Hparams sets of the Routing Transformer; importing this package registers them with T2T."""
-from routing_transformer import compat
+from routing_transformer.t2t import compat
 
 compat.apply()
 

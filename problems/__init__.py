@@ -1,5 +1,5 @@
 """T2T problems of the Routing Transformer; importing this package registers them."""
-from routing_transformer import compat
+from routing_transformer.t2t import compat
 
 compat.apply()
 

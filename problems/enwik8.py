@@ -19,7 +19,7 @@ from problems import lm
 from problems.errors import DataError
 from problems.errors import first_existing
 from problems.errors import require_file
-from routing_transformer import perplexity
+from routing_transformer.t2t import perplexity
 
 STANDARD_SIZE = 100000000
 STANDARD_SPLIT = (90000000, 5000000, 5000000)

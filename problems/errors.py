@@ -5,7 +5,7 @@ import tensorflow.compat.v1 as tf
 class DataError(ValueError):
   """Raw data or generated records are missing, empty or in the wrong format.
 
-  The stock T2T binaries print it as one line (see `routing_transformer.t2t_glue`).
+  The stock T2T binaries print it as one line (see `routing_transformer.t2t.glue`).
   """
   one_line = True
 

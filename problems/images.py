@@ -28,7 +28,7 @@ from tensor2tensor.utils import registry
 
 from problems import lm
 from problems.errors import DataError
-from routing_transformer import perplexity
+from routing_transformer.t2t import perplexity
 
 NUM_RESERVED = text_encoder.NUM_RESERVED_TOKENS
 BLOCK = 1000  # images per unit of work

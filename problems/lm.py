@@ -16,7 +16,7 @@ from tensor2tensor.layers import modalities
 
 from problems import shards
 from problems.errors import DataError
-from routing_transformer import perplexity
+from routing_transformer.t2t import perplexity
 
 PAD_ID = text_encoder.PAD_ID
 EOS_ID = text_encoder.EOS_ID

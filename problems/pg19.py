@@ -29,7 +29,7 @@ from problems import lm
 from problems import shards
 from problems.errors import DataError
 from problems.errors import require_dir
-from routing_transformer import perplexity
+from routing_transformer.t2t import perplexity
 
 SPLIT_DIRS = {"train": "train", "dev": "validation", "test": "test"}
 TFDS_SPLITS = {"train": "train", "dev": "validation", "test": "test"}

@@ -17,7 +17,7 @@ that knows the key but cannot look it up is at chance 1 / num_values on the far 
 
 Every query's item lies at least `min_far_distance` positions back; `check_layout` refuses a
 layout that cannot hold its items or whose far items a model's non-routing heads could reach
-(`routing_transformer.cost.local_receptive_field`), with one line naming the fix.
+(`routing_transformer.core.cost.local_receptive_field`), with one line naming the fix.
 Ids: 0 padding, 1 EOS (unused), then query tokens, items, fillers.
 """
 import collections
@@ -30,7 +30,7 @@ from tensor2tensor.layers import modalities
 from tensor2tensor.utils import registry
 
 from problems import synthetic
-from routing_transformer import cost
+from routing_transformer.core import cost
 
 PAD_ID = 0
 EOS_ID = 1
@@ -42,7 +42,7 @@ EVAL_SEED = 12
 
 class LayoutError(ValueError):
   """A layout that cannot hold its items, or that a model could solve without a far hop."""
-  one_line = True  # printed as one line by the stock binaries (routing_transformer.t2t_glue)
+  one_line = True  # printed as one line by the stock binaries (routing_transformer.t2t.glue)
 
 
 class Layout(collections.namedtuple(

@@ -1,4 +1,10 @@
-"""Routing Transformer (Roy et al., TACL 2021) for TensorFlow 2, Tensor2Tensor and Mesh-TF."""
-from routing_transformer import compat
+"""Routing Transformer (Roy et al., TACL 2021) for TensorFlow 2, Tensor2Tensor and Mesh-TF.
 
+core/: the model (attention, k-means, layers, decoding, Keras); t2t/: Tensor2Tensor glue;
+tools/: command-line tools. Imports point tools -> t2t -> core.
+"""
+from routing_transformer import _moved
+from routing_transformer.t2t import compat
+
+_moved.install()
 compat.apply()

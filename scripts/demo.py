@@ -6,12 +6,12 @@
 3. t2t-trainer: a tiny routing model (`pg19_local_cluster_tiny2k`) and the same model with local
    heads only (`pg19_local_tiny2k`), the same steps on the same data, evaluated on the
    validation books a few times during training (a status line shows step, loss, speed, ETA);
-4. `routing_transformer.evaluate` on the test books: subword and word-level perplexity, bits/word;
+4. `routing_transformer.tools.evaluate` on the test books: subword and word-level perplexity, bits/word;
 5. t2t-decoder: nucleus sampling (p = 0.8) of both models, continuing a prompt cut from a test
    book (Hamlet, just before "To be, or not to be");
 6. one table (eval loss, test perplexities, steps/s, wall time per model) in
    <output>/summary.{md,json}; the routing run's attention picture and head focus
-   (`routing_transformer.analysis`) and both runs' training curves (<output>/curves.png).
+   (`routing_transformer.tools.analysis`) and both runs' training curves (<output>/curves.png).
 
     .venv/bin/python scripts/demo.py [--steps 700] [--evaluations 4] [--output demo_output]
 """
@@ -45,9 +45,9 @@ def prompt_text(books_dir):
 
 
 def evaluate_test(run_dir, hparams_set, data_dir):
-  """routing_transformer.evaluate on the test books: the JSON report."""
+  """routing_transformer.tools.evaluate on the test books: the JSON report."""
   out = run_dir + ".test.json"
-  python_module("routing_transformer.evaluate", [
+  python_module("routing_transformer.tools.evaluate", [
       "--problem=" + PROBLEM, "--data_dir=" + data_dir, "--hparams_set=" + hparams_set,
       "--checkpoint=" + run_dir, "--split=test", "--batch_size=4", "--output_json=" + out],
                 run_dir + ".evaluate.log")
@@ -131,7 +131,7 @@ def main():
     metrics = eval_metrics(run_dir)
     metrics.update(hparams_set=hparams_set, train_seconds=seconds,
                    steps_per_sec=train_speed(run_dir))
-    log("routing_transformer.evaluate --split=test (%s)" % hparams_set)
+    log("routing_transformer.tools.evaluate --split=test (%s)" % hparams_set)
     metrics["test"] = evaluate_test(run_dir, hparams_set, data_dir)
     log("t2t-decoder: nucleus sample (p = 0.8) after a Hamlet prompt (%s)" % hparams_set)
     metrics["sample"] = sample(run_dir, hparams_set, data_dir, prompts_file, args.sample_length,
@@ -158,7 +158,7 @@ def main():
   pictures(args.output, PROBLEM, data_dir, [name for name, _ in MODELS],
            "Where the heads of the routing model attend", num_sequences=2)
   log("long-range context probes: routing, routing-as-local, local on the test books")
-  from routing_transformer.probes import demo as probes_demo  # pylint: disable=g-import-not-at-top
+  from routing_transformer.tools.probes import demo as probes_demo  # pylint: disable=g-import-not-at-top
   probes_md, _ = probes_demo.run(args.output, books, data_dir, log=log)
   with open(os.path.join(args.output, "summary.md"), "a", encoding="utf-8") as f:
     f.write(probes_md)

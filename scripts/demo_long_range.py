@@ -12,9 +12,9 @@
    items stored in the prompt (free-generation recall);
 5. a comparison table (loss, far/near accuracy, training speed, attention FLOPs and memory
    relative to full attention from the hparams) in demo_output/long_range/summary.{md,json};
-6. what routing learns (`routing_transformer.analysis` on the routing run: attention patterns,
+6. what routing learns (`routing_transformer.tools.analysis` on the routing run: attention patterns,
    head focus, cluster occupancy, head JS divergence in <output>/analysis/) and the training
-   curves of all runs (`routing_transformer.curves`, <output>/curves.png).
+   curves of all runs (`routing_transformer.tools.curves`, <output>/curves.png).
 
     .venv/bin/python scripts/demo_long_range.py [--steps 2500] [--output demo_output/long_range]
 """
@@ -43,7 +43,7 @@ def layout_and_encoder(problem_name=PROBLEM):
 def relative_cost(hparams_set):
   """(attention FLOPs, attention memory) of `hparams_set` relative to full attention."""
   import hparams  # pylint: disable=g-import-not-at-top,unused-import
-  from routing_transformer import cost  # pylint: disable=g-import-not-at-top
+  from routing_transformer.core import cost  # pylint: disable=g-import-not-at-top
   from tensor2tensor.utils import registry  # pylint: disable=g-import-not-at-top
   return cost.relative_to_full(registry.hparams(hparams_set))
 
@@ -169,7 +169,7 @@ def main():
   summary = "\n".join(table) + (
       "\n\nFar positions: the %d stored items asked for in the final section, %d+ positions "
       "after the item (beyond local reach); chance is %.3f (1 / values per key). Attention cost "
-      "from the hparams (routing_transformer.cost).\n" % (
+      "from the hparams (routing_transformer.core.cost).\n" % (
           layout.num_queries, layout.min_far_distance, 1.0 / layout.num_values))
   samples = "\n".join("%s sample %d: %s" % (name, i, row) for name, m in results.items()
                       for i, row in enumerate(m["samples"]))

@@ -43,8 +43,8 @@ GIB = 2.0 ** 30
 
 def build(hparams, vocab):
   """The training graph (loss, gradients, Adafactor, k-means updates) -> (graph, forward ops)."""
-  from routing_transformer.mtf import estimator
-  from routing_transformer.mtf import model
+  from routing_transformer.t2t.mtf import estimator
+  from routing_transformer.t2t.mtf import model
   graph = mtf.Graph()
   mesh = mtf.Mesh(graph, "mesh")
   net = model.MtfRoutingTransformer(hparams, mesh, vocab, train=True)

@@ -84,7 +84,7 @@ def t2t(binary, args, logfile, watch=None):
 
 
 def python_module(module, args, logfile):
-  """Runs `python -m module args` (e.g. routing_transformer.evaluate) into a log file."""
+  """Runs `python -m module args` (e.g. routing_transformer.tools.evaluate) into a log file."""
   run_logged(PREFIX + [sys.executable, "-m", module] + list(args), logfile, module)
 
 
@@ -92,8 +92,8 @@ def pictures(output, problem, data_dir, model_names, title, num_sequences=None):
   """Analysis of `output`/routing (attention patterns, head focus, occupancy, JS divergence)
   and training curves of `output`/<name> for every name (PNGs under `output`); appends the
   analysis tables to `output`/summary.md under `title` and prints them."""
-  from routing_transformer import analysis  # pylint: disable=g-import-not-at-top
-  from routing_transformer import curves  # pylint: disable=g-import-not-at-top
+  from routing_transformer.tools import analysis  # pylint: disable=g-import-not-at-top
+  from routing_transformer.tools import curves  # pylint: disable=g-import-not-at-top
   log("analysis of the routing run (attention patterns, head focus, occupancy, JS divergence)")
   kwargs = {} if num_sequences is None else {"num_sequences": num_sequences}
   _, markdown, out_dir = analysis.analyse(os.path.join(output, "routing"),
@@ -167,7 +167,7 @@ def eval_metrics(run_dir):
 
 def train_speed(run_dir):
   """Median global_step/sec over training, from the run's train event file."""
-  from routing_transformer import curves  # pylint: disable=g-import-not-at-top
+  from routing_transformer.tools import curves  # pylint: disable=g-import-not-at-top
   paths = glob.glob(os.path.join(run_dir, "events.out.tfevents.*"))
   speeds = sorted(value for _, _, value in curves.read_scalars(paths, "global_step/sec"))
   return speeds[len(speeds) // 2] if speeds else float("nan")

@@ -11,15 +11,15 @@ if _ROOT not in sys.path:
   sys.path.insert(0, _ROOT)
 
 # pylint: disable=g-import-not-at-top,unused-import,wrong-import-position
-from routing_transformer import compat
+from routing_transformer.t2t import compat
 
 compat.patch_tensor2tensor()
 
 import hparams  # registers the hparams sets
 import problems  # registers the problems
-from routing_transformer import model  # registers routing_transformer / sparse_transformer
-from routing_transformer import t2t_glue
-from routing_transformer.mtf import estimator as mtf_estimator  # routing_transformer_mtf
+from routing_transformer.t2t import model  # registers routing_transformer / sparse_transformer
+from routing_transformer.t2t import glue as t2t_glue
+from routing_transformer.t2t.mtf import estimator as mtf_estimator  # routing_transformer_mtf
 
 t2t_glue.guard_create_hparams()
 t2t_glue.add_sampling_decode_hparams()

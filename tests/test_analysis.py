@@ -6,8 +6,8 @@ import pytest
 import tensorflow as tf
 
 from conftest import HParamsStandIn
-from routing_transformer import analysis
-from routing_transformer import curves
+from routing_transformer.tools import analysis
+from routing_transformer.tools import curves
 
 tf1 = tf.compat.v1
 
@@ -57,8 +57,8 @@ def hparams(**overrides):
 @pytest.mark.parametrize("routing_mode", ["topk", "causal_window"])
 def test_recorded_probabilities_reproduce_the_attention_outputs(rng, routing_mode):
   """probs @ v equals every head's real output; the pattern obeys causality and locality."""
-  from routing_transformer import layers  # pylint: disable=g-import-not-at-top
-  from routing_transformer import attention  # pylint: disable=g-import-not-at-top
+  from routing_transformer.core import layers  # pylint: disable=g-import-not-at-top
+  from routing_transformer.core import attention  # pylint: disable=g-import-not-at-top
   n = 64
   records = []
   original_layer = layers.self_attention

@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from routing_transformer import attention
+from routing_transformer.core import attention
 import reference
 
 ATOL = 2e-4

@@ -18,7 +18,7 @@ from test_problems import read_records
 from problems import lm
 from problems import shakespeare
 from problems.errors import DataError
-from routing_transformer import perplexity
+from routing_transformer.t2t import perplexity
 
 VOCAB = 300
 

@@ -6,11 +6,11 @@ import tensorflow as tf
 
 import reference
 import routing_transformer  # pylint: disable=unused-import
-from routing_transformer import decoding
-from routing_transformer import model as model_lib
-from routing_transformer.attention import causal_window as cw
-from routing_transformer.attention import common
-from routing_transformer.attention import incremental
+from routing_transformer.core import decoding
+from routing_transformer.t2t import model as model_lib
+from routing_transformer.core.attention import causal_window as cw
+from routing_transformer.core.attention import common
+from routing_transformer.core.attention import incremental
 from test_decoding import make_model, session_run
 from test_model import VOCAB, small_hparams
 

@@ -12,8 +12,8 @@ import tensorflow as tf
 
 import reference
 import routing_transformer  # pylint: disable=unused-import
-from routing_transformer import checkpoints
-from routing_transformer import model as model_lib
+from routing_transformer.tools import checkpoints
+from routing_transformer.t2t import model as model_lib
 from hparams import sets
 from tensor2tensor.data_generators import problem_hparams
 

@@ -7,7 +7,7 @@ import pytest
 import tensorflow as tf
 
 import routing_transformer  # applies compat  # pylint: disable=unused-import
-from routing_transformer import compat
+from routing_transformer.t2t import compat
 from conftest import ROOT
 
 

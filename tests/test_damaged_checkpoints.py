@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from routing_transformer import checkpoint_files as cf
-from routing_transformer import reliability
+from routing_transformer.t2t import checkpoint_files as cf
+from routing_transformer.t2t import reliability
 
 tf1 = tf.compat.v1
 
@@ -102,10 +102,10 @@ def test_read_only_tools_stop_with_one_line_naming_the_newest_good_checkpoint(ru
 
 
 def test_the_tools_report_it_in_one_line(run, monkeypatch):
-  from routing_transformer import analysis
-  from routing_transformer import checkpoints
-  from routing_transformer import evaluate
-  from routing_transformer import score
+  from routing_transformer.tools import analysis
+  from routing_transformer.tools import checkpoints
+  from routing_transformer.tools import evaluate
+  from routing_transformer.tools import score
   folder, prefixes = run
   truncate(data_file(prefixes[-1]), 100)
   expected = re.escape("checkpoint %s is damaged" % prefixes[-1])

@@ -2,8 +2,8 @@
 import numpy as np
 import tensorflow.compat.v1 as tf
 
-from routing_transformer import health
-from routing_transformer import kmeans
+from routing_transformer.core import health
+from routing_transformer.core import kmeans
 
 
 def run(fetches, init=True):

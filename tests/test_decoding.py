@@ -6,13 +6,13 @@ import pytest
 import tensorflow as tf
 
 import routing_transformer  # pylint: disable=unused-import
-from routing_transformer import decoding
-from routing_transformer import layers
-from routing_transformer import model as model_lib
-from routing_transformer.attention import common
-from routing_transformer.attention import incremental
-from routing_transformer.attention import local
-from routing_transformer.attention import routing
+from routing_transformer.core import decoding
+from routing_transformer.core import layers
+from routing_transformer.t2t import model as model_lib
+from routing_transformer.core.attention import common
+from routing_transformer.core.attention import incremental
+from routing_transformer.core.attention import local
+from routing_transformer.core.attention import routing
 from tensor2tensor.data_generators import problem_hparams
 from test_model import VOCAB, small_hparams
 

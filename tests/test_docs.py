@@ -373,7 +373,7 @@ def test_extraction_catches_a_misspelt_name(tmp_path):
 # - Command lines in code blocks and inline code (`python -m M`, `python path.py`, `.venv/bin/...`,
 #   the rt-* commands of pyproject.toml, `t2t-datagen/-trainer/-decoder`, `make T VAR="..."`):
 #   the module or script exists, every --flag is one its parser defines (argparse parsers are
-#   captured from main() without running it; absl flags of routing_transformer.evaluate via its
+#   captured from main() without running it; absl flags of routing_transformer.tools.evaluate via its
 #   define_flags; T2T's from the binaries' own modules), literal values are among the choices /
 #   of the type, and a make VAR=... assignment is used by the target's recipe, its flags parsed
 #   by the script the recipe runs.
@@ -780,12 +780,12 @@ def test_command_checks_catch_drift(parsers, tmp_path):
   """A misspelt flag, a bad choice, an unused make variable, a missing script are all reported."""
   page = tmp_path / "page.md"
   page.write_text(
-      "```bash\npython -m routing_transformer.score --checkpoint c --text_fle a.txt\n"
-      "python -m routing_transformer.checkpoints --from a --to b --optimizer_slots=keep\n"
+      "```bash\npython -m routing_transformer.tools.score --checkpoint c --text_fle a.txt\n"
+      "python -m routing_transformer.tools.checkpoints --from a --to b --optimizer_slots=keep\n"
       "t2t-trainer --t2t_usr_dir=t2t_usr_dir --train_stpes=10\n"
       "python scripts/no_such_script.py\n```\n\n"
       "Run `make bench-train BENCH_ARGS=\"--stepz 3\"` or `make demo NO_SUCH_ARGS=1` or "
-      "`python -m routing_transformer.evaluate --splt=test`.\n")
+      "`python -m routing_transformer.tools.evaluate --splt=test`.\n")
   found = []
   for command in command_lines(str(page)):
     kind, target, args = classify(command.words)
@@ -984,7 +984,7 @@ def test_signature_check_catches_drift(parsers):
   index = project_index()
   node = ast.parse("analysis.head_focus(weights, kinds)", mode="eval").body
   assert "head_focus" in signature_problem(node, index["analysis.head_focus"][0], span=True)
-  tree = ast.parse("from routing_transformer.score import Scorer\ns = Scorer(c, h, v)\n"
+  tree = ast.parse("from routing_transformer.tools.score import Scorer\ns = Scorer(c, h, v)\n"
                    "s.score_span(prefix)\n")
   aliases = snippet_aliases(tree)
   call = tree.body[-1].value
@@ -1034,11 +1034,11 @@ OUTPUT_PATH = re.compile(r"(?<![\w/.])((?:demo_output|benchmarks/results|soak_ou
 # names the files it writes, names that stand for a <placeholder> or a run: module constants).
 WRITERS = [
     ("scripts/demo.py", "output", ["scripts/demo.py", "scripts/t2t_runs.py",
-                                   "routing_transformer/analysis.py",
-                                   "routing_transformer/probes/demo.py"], "MODELS"),
+                                   "routing_transformer/tools/analysis.py",
+                                   "routing_transformer/tools/probes/demo.py"], "MODELS"),
     ("scripts/demo_long_range.py", "output", ["scripts/demo_long_range.py",
                                               "scripts/t2t_runs.py",
-                                              "routing_transformer/analysis.py"], "MODELS"),
+                                              "routing_transformer/tools/analysis.py"], "MODELS"),
     ("benchmarks/long_range_quality.py", "output", ["benchmarks/long_range_quality.py"], "TASKS"),
     ("benchmarks/attention.py", "out", ["benchmarks/attention.py"], None),
     ("benchmarks/train_step.py", "out", ["benchmarks/train_step.py"], None),

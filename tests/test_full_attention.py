@@ -1,15 +1,15 @@
 """Full-attention baselines (hparam full_attention): the heads equal the dense reference, the
 model reaches every earlier token and stays causal, the sets build and train; attention cost and
-reach from hparams (routing_transformer.cost) against hand numbers."""
+reach from hparams (routing_transformer.core.cost) against hand numbers."""
 import numpy as np
 import pytest
 import tensorflow as tf
 
 import reference
 from conftest import HParamsStandIn
-from routing_transformer import cost
-from routing_transformer import heads
-from routing_transformer import layers
+from routing_transformer.core import cost
+from routing_transformer.core import heads
+from routing_transformer.core import layers
 from test_model import TRAIN, EVAL, VOCAB, build, random_targets, run, small_hparams
 
 tf1 = tf.compat.v1

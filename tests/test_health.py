@@ -5,7 +5,7 @@ import pytest
 import tensorflow.compat.v1 as tf
 
 import t2t_usr_dir  # pylint: disable=unused-import
-from routing_transformer import health
+from routing_transformer.core import health
 from tensor2tensor.data_generators import problem_hparams
 from tensor2tensor.utils import registry
 from tensor2tensor.utils import trainer_lib
@@ -86,7 +86,7 @@ def test_guard_can_be_switched_off():
 
 
 def test_reseeding_model_trains_a_step(monkeypatch):
-  from routing_transformer import kmeans  # pylint: disable=g-import-not-at-top
+  from routing_transformer.core import kmeans  # pylint: disable=g-import-not-at-top
   calls = {"n": 0}
   reseed_candidates = kmeans.reseed_candidates
 

@@ -6,7 +6,7 @@ import pytest
 import tensorflow as tf
 
 from conftest import HParamsStandIn
-from routing_transformer import keras as rt_keras
+from routing_transformer.core import keras as rt_keras
 
 tf1 = tf.compat.v1
 HIDDEN, LENGTH = 32, 64
@@ -50,7 +50,7 @@ def functional(layer, x, padding, train):
   """layers.self_attention in a tf.compat.v1 graph with the Keras layer's weights.
 
   Returns (y, commitment loss, means after one EMA step (train) or None)."""
-  from routing_transformer import layers  # pylint: disable=g-import-not-at-top
+  from routing_transformer.core import layers  # pylint: disable=g-import-not-at-top
   names = {t2t_name(w.name): w.numpy() for w in layer.weights}
   with tf.Graph().as_default():
     y, loss, step = layers.self_attention(tf.constant(x), hparams_of(layer), 0,

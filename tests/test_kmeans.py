@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from routing_transformer import attention
-from routing_transformer import kmeans
+from routing_transformer.core import attention
+from routing_transformer.core import kmeans
 import reference
 
 EPS = 1e-5

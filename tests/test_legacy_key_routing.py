@@ -6,7 +6,7 @@ import pytest
 import tensorflow as tf
 
 import reference
-from routing_transformer import attention
+from routing_transformer.core import attention
 
 B, H, N, D, C, W, R = 2, 2, 48, 8, 4, 16, 5
 
@@ -68,8 +68,8 @@ def test_legacy_rule_compiles_with_xla(rng):
 def test_off_in_every_set_and_refused_where_it_cannot_apply():
   import hparams  # pylint: disable=g-import-not-at-top
   from tensor2tensor.utils import registry  # pylint: disable=g-import-not-at-top
-  from routing_transformer import decoding  # pylint: disable=g-import-not-at-top
-  from routing_transformer import model as model_lib  # pylint: disable=g-import-not-at-top
+  from routing_transformer.core import decoding  # pylint: disable=g-import-not-at-top
+  from routing_transformer.t2t import model as model_lib  # pylint: disable=g-import-not-at-top
   for name in hparams.PROJECT_SETS:
     h = registry.hparams(name)
     assert h.legacy_causal_key_routing is False, name

@@ -4,7 +4,7 @@ import pytest
 import tensorflow as tf
 
 import routing_transformer  # pylint: disable=unused-import
-from routing_transformer import model as model_lib
+from routing_transformer.t2t import model as model_lib
 from hparams import base
 from tensor2tensor.data_generators import problem_hparams
 from tensor2tensor.utils import expert_utils

@@ -10,10 +10,10 @@ import tensorflow as tf
 import routing_transformer  # pylint: disable=unused-import
 import mesh_tensorflow as mtf  # pylint: disable=g-import-not-at-top,wrong-import-order
 
-from routing_transformer import attention as tf_attention
-from routing_transformer import kmeans as tf_kmeans
-from routing_transformer.mtf import attention
-from routing_transformer.mtf import kmeans
+from routing_transformer.core import attention as tf_attention
+from routing_transformer.core import kmeans as tf_kmeans
+from routing_transformer.t2t.mtf import attention
+from routing_transformer.t2t.mtf import kmeans
 
 tf1 = tf.compat.v1
 B, H, N, D, C, W = 2, 2, 32, 8, 4, 8

@@ -30,8 +30,8 @@ MESHES = [
 def modules():
   import hparams  # pylint: disable=g-import-not-at-top,unused-import
   from tensor2tensor.utils import registry  # pylint: disable=g-import-not-at-top
-  from routing_transformer.mtf import estimator  # pylint: disable=g-import-not-at-top
-  from routing_transformer.mtf import model  # pylint: disable=g-import-not-at-top
+  from routing_transformer.t2t.mtf import estimator  # pylint: disable=g-import-not-at-top
+  from routing_transformer.t2t.mtf import model  # pylint: disable=g-import-not-at-top
   return registry, estimator, model
 
 
@@ -135,7 +135,7 @@ def test_train_step_reads_every_variable_before_updating_it(reference):
 
 def test_race_check_sees_raw_mtf_variables(modules):
   """Raw, w2 is read again for the backward dh = dz w2, which its update does not wait for."""
-  from routing_transformer.mtf import attention  # pylint: disable=g-import-not-at-top
+  from routing_transformer.t2t.mtf import attention  # pylint: disable=g-import-not-at-top
   found = {}
   for name, get_variable in (("raw", mtf.get_variable), ("read_once", attention.get_variable)):
     with tf.Graph().as_default():

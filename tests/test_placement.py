@@ -3,7 +3,7 @@ soft-placement colocation warnings); with GPUs T2T's placement is kept."""
 import pytest
 
 import t2t_usr_dir  # pylint: disable=unused-import  (installs the glue)
-from routing_transformer import t2t_glue
+from routing_transformer.t2t import glue as t2t_glue
 from tensor2tensor.utils import devices
 
 

@@ -6,8 +6,8 @@ import os
 import numpy as np
 import pytest
 
-from routing_transformer.probes import perturbations as pt
-from routing_transformer.probes import suffix as sx
+from routing_transformer.tools.probes import perturbations as pt
+from routing_transformer.tools.probes import suffix as sx
 
 N = 64
 TARGETS = np.arange(N - 20, N - 16)  # K = 4, first target at 44
@@ -383,7 +383,7 @@ class SentenceEncoder(object):
 
 
 def fake_books(rng):
-  from routing_transformer.probes import data
+  from routing_transformer.tools.probes import data
   return [data.Book(i + 1, "Book %d" % (i + 1), rng.integers(2, 40, n).astype(np.int32), n // 2,
                     n * 3) for i, n in enumerate((700, 500, 450))]
 
@@ -416,9 +416,9 @@ ALL_PROBES = ["--probes=token,perturb,copy,suffix", "--perturb_m=32,96", "--pert
 
 
 def run_all(out_dir, models, books, argv=()):
-  from routing_transformer.probes import __main__ as cli
-  from routing_transformer.probes import probe
-  from routing_transformer.probes import run as run_lib
+  from routing_transformer.tools.probes import __main__ as cli
+  from routing_transformer.tools.probes import probe
+  from routing_transformer.tools.probes import run as run_lib
   args = cli.parse_args(["--output=" + out_dir] + ALL_PROBES + list(argv))
   specs = [run_lib.ModelSpec("rt", "ckpt", "set"), run_lib.ModelSpec("rt-as-local", "ckpt", "set",
                                                                       "", True)]
@@ -430,8 +430,8 @@ def run_all(out_dir, models, books, argv=()):
 
 def test_every_probe_runs_with_counts_intervals_and_shared_targets(rng, tmp_path):
   import json
-  from routing_transformer.probes import report
-  from routing_transformer.probes import sampling
+  from routing_transformer.tools.probes import report
+  from routing_transformer.tools.probes import sampling
   books = fake_books(rng)
   models = FakeModels()
   out = str(tmp_path / "out")
@@ -510,7 +510,7 @@ def test_a_rerun_skips_finished_shards(rng, tmp_path):
 
 
 def test_library_refuses_bad_probe_settings_before_scoring(rng, tmp_path):
-  from routing_transformer.probes.errors import ProbeError
+  from routing_transformer.tools.probes.errors import ProbeError
   books = fake_books(rng)
   models = FakeModels()
   for argv, message in ((["--perturb_m=99"], "--perturb_m: m=99 must be in 1..98"),
@@ -522,7 +522,7 @@ def test_library_refuses_bad_probe_settings_before_scoring(rng, tmp_path):
       run_all(str(tmp_path / "o"), models, books, argv)
     assert message in one_line(e)
   assert models.built == []
-  from routing_transformer.probes import runners
+  from routing_transformer.tools.probes import runners
   with pytest.raises(ProbeError) as e:
     runners.default_perturb_m(98)
   assert "--perturb_m" in one_line(e)
@@ -533,7 +533,7 @@ def test_library_refuses_bad_probe_settings_before_scoring(rng, tmp_path):
 
 
 def test_one_probe_alone_without_the_token_probe(rng, tmp_path):
-  from routing_transformer.probes import report
+  from routing_transformer.tools.probes import report
   out = str(tmp_path / "out")
   result = run_all(out, FakeModels(), fake_books(rng), ["--probes=suffix"])
   assert result["protocol"]["probes"] == ["suffix"]

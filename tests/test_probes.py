@@ -8,12 +8,12 @@ import os
 import numpy as np
 import pytest
 
-from routing_transformer.probes import categories as cats
-from routing_transformer.probes import probe
-from routing_transformer.probes import report
-from routing_transformer.probes import run as run_lib
-from routing_transformer.probes import sampling
-from routing_transformer.probes.errors import ProbeError
+from routing_transformer.tools.probes import categories as cats
+from routing_transformer.tools.probes import probe
+from routing_transformer.tools.probes import report
+from routing_transformer.tools.probes import run as run_lib
+from routing_transformer.tools.probes import sampling
+from routing_transformer.tools.probes.errors import ProbeError
 
 SET, LOCAL_SET = "routing_transformer_test", "local_transformer_test"  # L = 64
 WORDS = ("the cat sat on a mat while dogs ran far away from home and sang extraordinarily "
@@ -172,7 +172,7 @@ def tiny(tmp_path_factory):
 
 
 def scorer_of(tiny, hparams_set, as_local=False):
-  from routing_transformer.probes import scoring
+  from routing_transformer.tools.probes import scoring
   return scoring.build_scorer(tiny[1], hparams_set, tiny[0], as_local=as_local, batch_size=3)
 
 
@@ -184,7 +184,7 @@ def routing_scorer(tiny):
 
 
 def test_score_fn_at_full_length_equals_the_scorer_and_one_pass_per_input(routing_scorer):
-  from routing_transformer.probes import scoring
+  from routing_transformer.tools.probes import scoring
   scorer = routing_scorer
   score_fn = scoring.make_score_fn(scorer)
   rng = np.random.default_rng(1)
@@ -225,7 +225,7 @@ def test_derived_local_model_equals_a_local_only_model_with_the_same_weights(tin
 
 
 def test_cli_end_to_end_resumes_and_merges(tiny, tmp_path, capsys):
-  from routing_transformer.probes import __main__ as cli
+  from routing_transformer.tools.probes import __main__ as cli
   vocab, ckpt, books = tiny
   out = str(tmp_path / "out")
   argv = ["--books_dir=" + books, "--split=test", "--checkpoint=rt=" + ckpt, "--hparams_set=" + SET,
@@ -268,7 +268,7 @@ def test_cli_end_to_end_resumes_and_merges(tiny, tmp_path, capsys):
 def test_cli_runs_perturbations_and_copy_on_the_same_targets(tiny, tmp_path):
   """The other probes on a real checkpoint: their unperturbed baselines are the token probe's
   figure at the largest N (the same targets, the same model)."""
-  from routing_transformer.probes import __main__ as cli
+  from routing_transformer.tools.probes import __main__ as cli
   vocab, ckpt, books = tiny
   out = str(tmp_path / "out")
   assert cli.main(["--books_dir=" + books, "--split=test", "--checkpoint=rt=" + ckpt,
@@ -299,7 +299,7 @@ def test_cli_runs_perturbations_and_copy_on_the_same_targets(tiny, tmp_path):
     (["--probes=token,copy,suffux"], "--probes=token,copy,suffux: give some of"),
 ])
 def test_cli_bad_input_is_one_line(tiny, tmp_path, capsys, extra, message):
-  from routing_transformer.probes import __main__ as cli
+  from routing_transformer.tools.probes import __main__ as cli
   vocab, ckpt, books = tiny
   argv = ["--books_dir=" + books, "--split=test", "--checkpoint=rt=" + ckpt, "--hparams_set=" + SET,
           "--vocab=" + vocab, "--lengths=50,64", "--profile=50", "--targets=20",

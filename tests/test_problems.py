@@ -21,7 +21,7 @@ from problems import enwik8
 from problems import lm
 from problems import shards
 from problems.errors import DataError
-from routing_transformer import perplexity
+from routing_transformer.t2t import perplexity
 from tensor2tensor.utils import registry
 
 PG19_VOCAB = 300
@@ -403,7 +403,7 @@ def hand_total_nll(checkpoint, problem_name, data_dir, hparams_set, overrides, e
 
 
 def test_word_level_perplexity_matches_hand_computation(pg19, tmp_path):
-  from routing_transformer import evaluate  # pylint: disable=g-import-not-at-top
+  from routing_transformer.tools import evaluate  # pylint: disable=g-import-not-at-top
   ckpt = save_random_checkpoint(tmp_path, "pg19_length8k", pg19["data_dir"],
                                 "routing_transformer_test", LONG)
   report = evaluate.evaluate("pg19_length8k", "routing_transformer_test", str(tmp_path),
@@ -424,7 +424,7 @@ def test_word_level_perplexity_matches_hand_computation(pg19, tmp_path):
 
 def test_corrupt_shard_fails_clearly_or_is_skipped_when_asked(tmp_path):
   from tensor2tensor.utils import trainer_lib  # pylint: disable=g-import-not-at-top
-  from routing_transformer import t2t_glue  # pylint: disable=g-import-not-at-top
+  from routing_transformer.t2t import glue as t2t_glue  # pylint: disable=g-import-not-at-top
   from problems import synthetic  # pylint: disable=g-import-not-at-top
   problem = synthetic.SyntheticLongRange()
   problem.num_train, problem.num_eval = 40, 8

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from routing_transformer import model as model_lib
+from routing_transformer.t2t import model as model_lib
 from test_model import TRAIN, VOCAB, build, random_targets, small_hparams
 
 tf1 = tf.compat.v1

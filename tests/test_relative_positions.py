@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from routing_transformer.attention import common
+from routing_transformer.core.attention import common
 
 # (queries, keys, query_start, key_start, R): local causal / non-causal blocks, routing ranks,
 # causal_window (queries at w.., keys 0..2w), one query, with and without clipped distances.

@@ -16,7 +16,7 @@ import tensorflow.compat.v1 as tf
 from conftest import BIN
 from conftest import ROOT
 from conftest import run_t2t
-from routing_transformer import checkpoint_files
+from routing_transformer.t2t import checkpoint_files
 
 pytestmark = pytest.mark.slow
 DECAY = 0.999  # routing_transformer_tiny's EMA decay (hparams `decay`)

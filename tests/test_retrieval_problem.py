@@ -5,7 +5,7 @@ import pytest
 
 import t2t_usr_dir  # pylint: disable=unused-import
 from problems import retrieval
-from routing_transformer import cost
+from routing_transformer.core import cost
 from tensor2tensor.utils import registry
 
 R = retrieval.NUM_RESERVED

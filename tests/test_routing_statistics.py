@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from routing_transformer import attention
-from routing_transformer.attention import routing
+from routing_transformer.core import attention
+from routing_transformer.core.attention import routing
 from test_model import EVAL, TRAIN, build, random_targets, small_hparams
 
 tf1 = tf.compat.v1

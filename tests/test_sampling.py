@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from routing_transformer import sampling
+from routing_transformer.core import sampling
 
 
 def _probs(logits):

@@ -9,9 +9,9 @@ import pytest
 import tensorflow as tf
 
 import routing_transformer  # pylint: disable=unused-import
-from routing_transformer import checkpoints
-from routing_transformer import model as model_lib
-from routing_transformer import score
+from routing_transformer.tools import checkpoints
+from routing_transformer.t2t import model as model_lib
+from routing_transformer.tools import score
 from hparams import sets
 from tensor2tensor.data_generators import problem_hparams
 from tensor2tensor.data_generators import text_encoder

@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from routing_transformer import usr_dirs
+from routing_transformer.t2t import usr_dirs
 
 
 def user_dir(root, folder, hparams_name, body=None):

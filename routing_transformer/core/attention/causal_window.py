@@ -1,0 +1,131 @@
+"""Strictly causal routing (SPEC 2b, `routing_mode="causal_window"`).
+
+Every position i is assigned to its best centroid a_i (argmax of mu . q_hat_i) and attends to the
+(at most) `window` = w most recent positions j <= i of the same cluster, itself included. Which
+keys a query sees depends only on positions <= i, so the layer is strictly causal and cached
+decoding is exact (a per-cluster cache of the last w keys/values).
+
+Static shapes: positions are sorted by (cluster, position); in that order each cluster is a
+contiguous run in sequence order, so query s (sorted index) attends to sorted indices
+(s - w, s] of its cluster. That is blocked attention with block w and one block of look-back,
+masked to "same cluster, sorted distance < w", followed by un-sorting. Cost O(n w d).
+Logits are unscaled q_hat . k_hat (as in paper routing); relative positions use the distance in
+the cluster's order (the rank distance of paper routing).
+"""
+import tensorflow as tf
+
+from routing_transformer.core.attention import common
+from routing_transformer.core.attention import routing
+
+
+def sort_by_cluster(clusters):
+  """Permutation sorting positions by (cluster, position).
+
+  Args:
+    clusters: int32 [b, h, n] assignments.
+  Returns:
+    int32 [b, h, n]: order[s] = the position at sorted index s.
+  """
+  n = clusters.shape[-1]
+  keys = clusters * n + tf.range(n)  # distinct, so the sort is exact
+  return tf.argsort(keys, axis=-1, stable=True)
+
+
+def look_back_blocks(x, window, fill=0):
+  """[b, h, nb * w, ...] -> [b, h, nb, 2w, ...]: each block with the block before it (the
+  first block's look-back is `fill`)."""
+  shape = x.shape.as_list()
+  blocks = tf.reshape(x, [-1, shape[1], shape[2] // window, window] + shape[3:])
+  previous = tf.pad(blocks, [[0, 0], [0, 0], [1, 0]] + [[0, 0]] * (len(shape) - 2),
+                    constant_values=fill)[:, :, :-1]
+  return tf.concat([previous, blocks], axis=3)
+
+
+def causal_window_attention(q, k, v, centroids, window, share_qk=True, padding=None,
+                            relative_keys=None, relative_values=None, exclude_self=False,
+                            logit_scale=None):
+  """Strictly causal routing attention.
+
+  Args:
+    q, k, v: [b, h, n, d] routing-head queries, keys (ignored with share_qk), values.
+    centroids: [h, c, d].
+    window: w, the most recent same-cluster positions each query attends to (itself included).
+    share_qk: keys are the normalised queries.
+    padding: optional [b, n] bool/int, True at padding (masked as keys; excluded from the
+      commitment loss and the k-means statistics).
+    relative_keys, relative_values: optional [2R + 1, d] tables, indexed by the distance in the
+      cluster's order (0 for the query itself, -1 for the previous member, ...).
+    exclude_self, logit_scale: extensions, as in `routing_attention`.
+  Returns:
+    (output [b, h, n, d], aux) with aux keys as `routing_attention` ("query_clusters",
+    "commitment_loss", "q_hat", "k_hat", "weights"; "key_clusters" without share_qk).
+  """
+  name = "causal_window_attention"
+  q, k, v, relative_keys, relative_values, heads, n, depth = common.self_attention_inputs(
+      q, k, v, relative_keys, relative_values, name)
+  centroids = tf.convert_to_tensor(centroids)
+  routing.check_routing(n, depth, centroids, window, name)
+  pad = common.key_padding(padding, None, n, name)
+  batch = tf.shape(q)[0]
+
+  q_hat = common.layer_norm_no_scale(q)
+  k_hat = q_hat if share_qk else common.layer_norm_no_scale(k)
+  weights = routing.position_weights(pad, batch, n)
+  mu = tf.stop_gradient(centroids)
+  clusters = routing.assignments(routing.centroid_scores(q_hat, mu))  # [b, h, n]
+  loss = routing.commitment_loss(q_hat, mu, clusters, weights)
+  aux = {"q_hat": q_hat, "k_hat": k_hat, "weights": weights, "query_clusters": clusters}
+  if not share_qk:  # keys live at their position's cluster; they still commit to their own
+    aux["key_clusters"] = routing.assignments(routing.centroid_scores(k_hat, mu))
+    loss = 0.5 * (loss + routing.commitment_loss(k_hat, mu, aux["key_clusters"], weights))
+  aux["commitment_loss"] = loss
+
+  order = sort_by_cluster(clusters)  # [b, h, n]
+  padded_n = -(-n // window) * window
+  extra = padded_n - n
+
+  def sorted_blocks(x, fill=0):
+    x = tf.gather(x, order, axis=2, batch_dims=2)
+    if extra:
+      x = tf.pad(x, [[0, 0], [0, 0], [0, extra]] + [[0, 0]] * (x.shape.rank - 3),
+                 constant_values=fill)
+    return x
+
+  q_s = sorted_blocks(q_hat)  # [b, h, N, d]
+  k_s = look_back_blocks(sorted_blocks(k_hat), window)  # [b, h, nb, 2w, d]
+  v_s = look_back_blocks(sorted_blocks(v), window)
+  c_s = sorted_blocks(clusters, fill=-1)  # [b, h, N]; -1 marks the filler slots
+  c_k = look_back_blocks(c_s, window, fill=-2)  # [b, h, nb, 2w]; -2: before the sequence
+  num_blocks = padded_n // window
+  q_b = tf.reshape(q_s, [-1, heads, num_blocks, window, depth])
+  c_q = tf.reshape(c_s, [-1, heads, num_blocks, window])
+
+  logits = tf.einsum("bhnqd,bhnkd->bhnqk", q_b, k_s)  # [b, h, nb, w, 2w]
+  query_index = tf.range(window)[:, tf.newaxis] + window  # sorted offset within the 2w keys
+  key_index = tf.range(2 * window)[tf.newaxis, :]
+  distance = key_index - query_index  # [w, 2w], in (-2w, w)
+  allowed = tf.logical_and(distance <= 0, distance > -window)[tf.newaxis, tf.newaxis, tf.newaxis]
+  allowed = tf.logical_and(allowed, tf.equal(c_q[..., tf.newaxis], c_k[:, :, :, tf.newaxis, :]))
+  if pad is not None:
+    p_k = look_back_blocks(sorted_blocks(tf.cast(pad, tf.int32)[:, tf.newaxis, :] *
+                                         tf.ones_like(clusters), fill=1), window, fill=1)
+    allowed = tf.logical_and(allowed, tf.equal(p_k, 0)[:, :, :, tf.newaxis, :])
+  if relative_keys is not None:
+    logits += common.relative_logits(q_b, relative_keys, window, 0, 2 * window, causal=True)
+  logits = common.scale_logits(logits, logit_scale)
+  if exclude_self:  # the query's own slot is at sorted distance 0
+    allowed = common.exclude_self(allowed, tf.equal(distance, 0))
+  probs = common.masked_softmax(logits, allowed)
+  out = tf.einsum("bhnqk,bhnkd->bhnqd", probs, v_s)
+  if relative_values is not None:
+    out += common.relative_outputs(probs, relative_values, window, 0, causal=True)
+  if pad is not None:
+    out = common.zero_empty_rows(out, allowed)
+  out = tf.reshape(out, [-1, heads, padded_n, v.shape[-1]])[:, :, :n]
+  unsort = tf.argsort(order, axis=-1)
+  # Diagnostics (as routing_attention's): every query is in its cluster; its weight on itself.
+  self_probs = tf.reduce_sum(probs * tf.cast(tf.equal(distance, 0), probs.dtype), axis=-1)
+  self_probs = tf.reshape(self_probs, [-1, heads, padded_n])[:, :, :n]
+  aux["member_count"] = tf.ones_like(self_probs)
+  aux["self_weight"] = tf.gather(self_probs, unsort, axis=2, batch_dims=2)
+  return tf.gather(out, unsort, axis=2, batch_dims=2), aux

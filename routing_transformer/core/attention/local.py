@@ -1,0 +1,106 @@
+"""Blocked local attention (the paper's local heads): query blocks attend to a flange of memory.
+
+The sequence is cut into blocks of `block_length` (the hparam `query_shape`). Causal: each query
+block attends to itself (causal triangle) and to the `flange / block_length` previous blocks
+(`memory_flange`). Non-causal: to itself and `flange / block_length` blocks on each side.
+"""
+import tensorflow as tf
+
+from routing_transformer.core.attention import common
+
+
+def check_blocks(length, block_length, flange, name):
+  """Validates the block layout; raises ValueError naming the argument and the fix."""
+  if block_length <= 0 or length % block_length:
+    raise ValueError(
+        "%s: length %d is not a multiple of block_length (query_shape) %d; pad the sequence to a "
+        "multiple of the block (e.g. max_length=%d) or choose a block that divides it."
+        % (name, length, block_length, -(-length // max(block_length, 1)) * max(block_length, 1)))
+  if flange < 0 or flange % block_length:
+    raise ValueError(
+        "%s: flange (memory_flange) %d is not a non-negative multiple of block_length "
+        "(query_shape) %d; use e.g. memory_flange=%d." % (name, flange, block_length,
+                                                         max(block_length, flange // block_length
+                                                             * block_length)))
+
+
+def memory_blocks(x, block_length, before, after):
+  """Stacks, for every block, the block and its neighbours along the length axis.
+
+  Args:
+    x: [b, h, n, ...] tensor, n a multiple of block_length.
+    block_length: int.
+    before: number of preceding blocks in each memory.
+    after: number of following blocks in each memory.
+  Returns:
+    [b, h, n / block_length, (before + 1 + after) * block_length, ...]; slots outside the
+    sequence hold zeros (mask them with `memory_positions`).
+  """
+  n = x.shape[2]
+  num_blocks = n // block_length
+  rest = x.shape[3:].as_list()
+  paddings = [[0, 0], [0, 0], [before * block_length, after * block_length]] + [[0, 0]] * len(rest)
+  padded = tf.pad(x, paddings)
+  heads = x.shape[1] if x.shape[1] is not None else -1
+  blocks = tf.reshape(padded, [-1, heads, num_blocks + before + after, block_length] + rest)
+  return tf.concat([common.slice_axis(blocks, 2, j, num_blocks)
+                    for j in range(before + 1 + after)], axis=3)
+
+
+def local_attention(q, k, v, block_length, flange, causal=True, relative_keys=None,
+                    relative_values=None, padding=None, scale=None):
+  """Blocked local self-attention with optional Shaw relative positions.
+
+  Args:
+    q, k, v: [b, h, n, d]; n a multiple of block_length.
+    block_length: query block length b_q (hparam `query_shape`).
+    flange: memory flange m (hparam `memory_flange`), a multiple of block_length.
+    causal: mask keys after the query (and no look-ahead blocks).
+    relative_keys: optional [2R + 1, d] table; adds q_i . r[clip(j - i)] to the logits.
+    relative_values: optional [2R + 1, d] table; adds sum_j a_ij r[clip(j - i)] to the output.
+    padding: optional [b, n] bool/int, True or nonzero marks padding keys.
+    scale: logit scale (applied to q, so to relative logits too); default d ** -0.5.
+  Returns:
+    [b, h, n, d]; a query with no allowed key gets 0.
+  """
+  name = "local_attention"
+  q, k, v, relative_keys, relative_values, heads, n, depth = common.self_attention_inputs(
+      q, k, v, relative_keys, relative_values, name)
+  check_blocks(n, block_length, flange, name)
+  if scale is None:
+    scale = depth ** -0.5
+  num_blocks = n // block_length
+  before = flange // block_length
+  after = 0 if causal else before
+
+  q_blocks = tf.reshape(q * scale, [-1, heads, num_blocks, block_length, depth])
+  k_memory = memory_blocks(k, block_length, before, after)  # [b, h, nb, W, d]
+  v_memory = memory_blocks(v, block_length, before, after)
+  logits = tf.einsum("bhnqd,bhnkd->bhnqk", q_blocks, k_memory)
+
+  query_offsets = tf.range(block_length)
+  key_offsets = tf.range((before + 1 + after) * block_length) - flange  # from the block start
+  if relative_keys is not None:
+    logits += common.relative_logits(q_blocks, relative_keys, 0, -flange, key_offsets.shape[0],
+                                     causal=causal)
+
+  block_starts = tf.range(num_blocks)[:, tf.newaxis, tf.newaxis] * block_length
+  key_positions = block_starts + key_offsets[tf.newaxis, tf.newaxis, :]  # [nb, 1, W]
+  allowed = tf.logical_and(key_positions >= 0, key_positions < n)
+  if causal:
+    query_positions = block_starts + query_offsets[tf.newaxis, :, tf.newaxis]  # [nb, bq, 1]
+    allowed = tf.logical_and(allowed, key_positions <= query_positions)
+  allowed = allowed[tf.newaxis, tf.newaxis]  # [1, 1, nb, bq or 1, W]
+  pad = common.key_padding(padding, None, n, name)
+  if pad is not None:
+    pad_memory = memory_blocks(tf.cast(pad, tf.int32)[:, tf.newaxis, :], block_length, before,
+                               after)  # [b, 1, nb, W]
+    allowed = tf.logical_and(allowed, tf.equal(pad_memory, 0)[:, :, :, tf.newaxis, :])
+
+  probs = common.masked_softmax(logits, allowed)
+  out = tf.einsum("bhnqk,bhnkd->bhnqd", probs, v_memory)
+  if relative_values is not None:
+    out += common.relative_outputs(probs, relative_values, 0, -flange, causal=causal)
+  if pad is not None:  # a query whose allowed keys are all padding gets 0
+    out = common.zero_empty_rows(out, allowed)
+  return tf.reshape(out, [-1, heads, n, v.shape[-1]])

@@ -1,0 +1,332 @@
+"""Cached incremental decoding for `routing_transformer`: sampling, greedy, beam search, prompts.
+
+Every step runs the decoder on the new position only: q/k/v, attention over fixed-size caches
+(static length N = max_target_length) and the FFN. A prompt (features["inputs"] of a decoder-only
+model, right-padded with 0 as `t2t-decoder --decode_from_file` feeds it) is fed through the same
+steps with its tokens forced, so prompt and continuation see exactly one routing rule (the
+decode-time rule of `attention.incremental`). Outputs are the continuations only.
+"""
+import collections
+import contextlib
+
+import tensorflow as tf
+
+from routing_transformer.core import layers
+from routing_transformer.core import sampling
+from routing_transformer.core.attention import common
+from tensor2tensor.utils import beam_search
+
+tf1 = tf.compat.v1
+
+PAD_ID = 0
+EOS_ID = 1
+# Sentinels of the decode hparams added by t2t_glue: "not set, use the model hparams".
+UNSET = {"sampling_method": "", "sampling_temp": -1.0, "sampling_keep_top_k": -2,
+         "nucleus_sampling": -1.0}
+
+
+class DecodeError(ValueError):
+  """Bad decoding input or settings; the message names the fix."""
+
+
+def sampling_settings(hparams, decode_hparams=None):
+  """(temperature, top_k, top_p) from the model hparams, overridden by set decode hparams.
+
+  sampling_method "argmax" (T2T's default) is greedy (temperature 0); "random" samples with
+  sampling_temp, sampling_keep_top_k (-1 or 0: off) and nucleus_sampling (top-p, 1: off).
+  """
+  values = {}
+  for name, unset in UNSET.items():
+    value = decode_hparams.get(name, unset) if decode_hparams is not None else unset
+    values[name] = hparams.get(name, unset) if value == unset else value
+  method = values["sampling_method"] or "argmax"
+  if method not in ("argmax", "random"):
+    raise DecodeError("sampling_method=%r: use 'argmax' (greedy) or 'random'." % method)
+  top_p = values["nucleus_sampling"]
+  top_p = 1.0 if top_p in (UNSET["nucleus_sampling"], None) else top_p
+  top_k = values["sampling_keep_top_k"]
+  top_k = -1 if top_k == UNSET["sampling_keep_top_k"] else top_k
+  temperature = values["sampling_temp"]
+  temperature = 1.0 if temperature == UNSET["sampling_temp"] else temperature
+  if method == "argmax":
+    temperature = 0.0
+  try:
+    sampling.check_sampling(temperature, top_k, top_p)
+  except ValueError as e:
+    raise DecodeError(str(e))
+  return temperature, top_k, top_p
+
+
+def inherited_top_p_note(hparams, decode_hparams=None):
+  """One line when random sampling takes a top-p < 1 from the hparams set, else None.
+
+  Every set of this project inherits nucleus_sampling=0.9 from the original release's base
+  `sparse_transformer_local`, so `--decode_hparams=sampling_method=random` alone samples from the
+  top 90% of the probability mass, not from the whole distribution.
+  """
+  temperature, _, top_p = sampling_settings(hparams, decode_hparams)
+  set_here = (decode_hparams is not None and
+              decode_hparams.get("nucleus_sampling", UNSET["nucleus_sampling"]) !=
+              UNSET["nucleus_sampling"])
+  if temperature == 0.0 or top_p >= 1.0 or set_here:
+    return None
+  return ("sampling: nucleus_sampling=%g (top-p) comes from the hparams set; pass "
+          "--decode_hparams=nucleus_sampling=1.0 to sample from the whole distribution" % top_p)
+
+
+def check_cached_decoding(hparams):
+  """Raises DecodeError for models the cached decoder does not run (fast_decode=False does)."""
+  if hparams.legacy_causal_key_routing and not hparams.share_qk:
+    raise DecodeError("legacy_causal_key_routing=True with share_qk=False has no cached decoder "
+                      "(the original routed keys over the whole sequence); decode with "
+                      "--hparams=fast_decode=False.")
+
+
+def decode_length_of(hparams):
+  """The static cache length N (max_target_length, else max_length)."""
+  return hparams.max_target_length or hparams.max_length
+
+
+def prompt_of(model, features):
+  """Prompt ids [b, P] (right-padded with 0), or None.
+
+  The prompt is features["partial_targets"] (T2T's name for a target prefix) if given, else
+  features["inputs"] of a decoder-only model (what `t2t-decoder --decode_from_file` feeds).
+  """
+  prompt = features.get("partial_targets")
+  if prompt is None and model.hparams.num_encoder_layers <= 0:
+    prompt = features.get("inputs")
+  if prompt is None:
+    return None
+  prompt = tf.cast(prompt, tf.int32)
+  return tf.reshape(prompt, tf.shape(prompt)[:2])
+
+
+def batch_size_of(features, prompt):
+  """The decoding batch size (dynamic int32 scalar)."""
+  for tensor in (prompt, features.get("inputs"), features.get("targets"),
+                 features.get("infer_targets")):
+    if tensor is not None:
+      return tf.shape(tensor)[0]
+  return 1
+
+
+@contextlib.contextmanager
+def model_scope(model):
+  """Opens the model's variable scopes (`<name>/body`) with reuse, as model_fn does."""
+  with tf1.variable_scope(model.name, reuse=tf1.AUTO_REUSE):
+    with tf1.variable_scope("body"):
+      yield
+
+
+def encoder_memory(model, features):
+  """Per decoder layer (keys, values) of the encoder output, and its padding; or (None, None)."""
+  hparams = model.hparams
+  if hparams.num_encoder_layers <= 0 or "inputs" not in features:
+    return None, None
+  with model_scope(model):
+    memory, memory_padding, _ = model.encode(features)
+    memory_kv = []
+    for i in range(hparams.num_decoder_layers):
+      scope = "decoder_layer_%d/self_attention/encdec_attention" % i
+      with tf1.variable_scope(scope):
+        memory_kv.append(layers.encdec_memory(memory, hparams))
+  return memory_kv, memory_padding
+
+
+def decode_step(model, ids, position, caches, memory_kv=None, memory_padding=None):
+  """Logits of position t from the token at t - 1, reading and updating the caches.
+
+  Args:
+    model: the RoutingTransformer.
+    ids: int32 [b], the input token of position t (the previous target; 0 at t = 0).
+    position: int32 scalar t.
+    caches: list (one per decoder layer) of dicts from `layers.self_attention_cache`.
+    memory_kv, memory_padding: from `encoder_memory` (encoder-decoder models).
+  Returns:
+    (logits [b, vocab] float32, updated caches).
+  """
+  hparams = model.hparams
+  updated = list(caches)
+
+  def attend(y, i):
+    out, updated[i] = layers.self_attention_step(y, hparams, i, caches[i], position)
+    return out
+
+  memory_attend = None if memory_kv is None else (
+      lambda y, i: layers.encdec_attention(y, memory_kv[i], hparams, memory_padding,
+                                           position=position))
+  with model_scope(model):
+    x = model.embed(ids[:, tf.newaxis], "embeddings", position=position)
+    x = model.layer_stack(x, "decoder", hparams.num_decoder_layers, attend, memory_attend)
+    logits = model.logits(x)[:, 0]
+  return tf.cast(logits, tf.float32), updated
+
+
+def without_padding(logits):
+  """logits [b, vocab] with the padding id masked: generation never emits PAD (id 0)."""
+  is_pad = tf.equal(tf.range(tf.shape(logits)[-1]), PAD_ID)
+  return tf.where(is_pad[tf.newaxis, :], common.mask_value(logits.dtype), logits)
+
+
+def padded_prompt(prompt, batch, length):
+  """(prompt ids [b, N] padded with 0, prompt lengths [b]); fails if a prompt exceeds N."""
+  if prompt is None:
+    return tf.zeros([batch, length], tf.int32), tf.zeros([batch], tf.int32)
+  prompt_length = tf.reduce_sum(tf.cast(tf.not_equal(prompt, 0), tf.int32), axis=1)
+  check = tf.debugging.assert_less_equal(
+      tf.shape(prompt)[1], length,
+      message="prompt longer than the model's max_target_length = %d tokens; shorten the "
+      "prompt (or raise max_target_length)" % length)
+  with tf.control_dependencies([check]):
+    ids = tf.pad(prompt, [[0, 0], [0, tf.maximum(length - tf.shape(prompt)[1], 0)]])
+  ids = tf.reshape(ids[:, :length], [batch, length])
+  return ids, prompt_length
+
+
+def continuation(tokens, prompt_length, decode_length):
+  """tokens [b, N] -> the decode_length tokens after each row's prompt [b, L] (0 past N)."""
+  length = tokens.shape[-1] if tokens.shape[-1] is not None else tf.shape(tokens)[-1]
+  index = prompt_length[:, tf.newaxis] + tf.range(decode_length)[tf.newaxis, :]
+  taken = tf.gather(tokens, tf.minimum(index, length - 1), batch_dims=1)
+  return tf.where(index < length, taken, tf.zeros_like(taken))
+
+
+class DecodeSetup(collections.namedtuple(
+    "DecodeSetup", "length batch prompt_ids prompt_length memory_kv memory_padding caches vocab")):
+  """What both decoders start from: cache length N, batch size, prompt ids [b, N] and lengths
+  [b], encoder memory (or None), empty per-layer caches, target vocabulary size."""
+
+
+def decode_setup(model, features):
+  """Builds the DecodeSetup of `features` (prompt, encoder memory, empty caches)."""
+  hparams = model.hparams
+  length = decode_length_of(hparams)
+  prompt = prompt_of(model, features)
+  batch = batch_size_of(features, prompt)
+  prompt_ids, prompt_length = padded_prompt(prompt, batch, length)
+  memory_kv, memory_padding = encoder_memory(model, features)
+  caches = [layers.self_attention_cache(hparams, i, batch, length)
+            for i in range(hparams.num_decoder_layers)]
+  vocab = model._problem_hparams.vocab_size["targets"]  # pylint: disable=protected-access
+  return DecodeSetup(length, batch, prompt_ids, prompt_length, memory_kv, memory_padding, caches,
+                     vocab)
+
+
+def sample_loop(model, features, decode_length, temperature=0.0, top_k=-1, top_p=1.0,
+                return_logits=False, seed=None):
+  """Greedy or sampled decoding with caches in one tf.while_loop (static shapes).
+
+  Row b first consumes its prompt (forced tokens), then generates up to decode_length tokens,
+  stopping at EOS (the EOS is kept, later positions are 0) or at the cache length N.
+
+  Args:
+    model: RoutingTransformer (PREDICT mode).
+    features: dict; "inputs" [b, P(, 1, 1)] is the prompt of a decoder-only model (optional),
+      or the source of an encoder-decoder model.
+    decode_length: Python int, tokens to generate after each prompt.
+    temperature, top_k, top_p: see `sampling.sample` (temperature 0 = greedy).
+    return_logits: also return the logits of every position [b, N, vocab] (for tests).
+    seed: optional op seed of the sampler.
+  Returns:
+    dict: "outputs" int32 [b, decode_length] continuations, "tokens" [b, N] prompt +
+    continuation, "prompt_length" [b], ["logits" [b, N, vocab]].
+  """
+  setup = decode_setup(model, features)
+  length, batch = setup.length, setup.batch
+  prompt_ids, prompt_length = setup.prompt_ids, setup.prompt_length
+  end = tf.minimum(prompt_length + decode_length, length)  # exclusive end of each row
+  logits_buffer = tf.zeros([batch, length if return_logits else 1,
+                            setup.vocab if return_logits else 1])
+
+  def step(t, previous, tokens, caches, finished, logits_buffer):
+    logits, caches = decode_step(model, previous, t, caches, setup.memory_kv,
+                                 setup.memory_padding)
+    drawn = sampling.sample(without_padding(logits), temperature, top_k, top_p, seed=seed)
+    forced = t < prompt_length
+    token = tf.where(forced, prompt_ids[:, t], drawn)
+    token = tf.where(finished, tf.zeros_like(token), token)
+    at_t = tf.stack([tf.range(batch), tf.fill([batch], t)], axis=1)  # [b, 2]: (row, t)
+    tokens = tf.tensor_scatter_nd_update(tokens, at_t, token)
+    finished = tf.logical_or(finished, tf.logical_and(tf.logical_not(forced),
+                                                      tf.equal(token, EOS_ID)))
+    finished = tf.logical_or(finished, t + 1 >= end)
+    if return_logits:
+      logits_buffer = tf.tensor_scatter_nd_update(logits_buffer, at_t, logits)
+    return t + 1, token, tokens, caches, finished, logits_buffer
+
+  # Step 0 outside the loop creates (or reuses) every variable outside control flow.
+  state = step(tf.constant(0), tf.zeros([batch], tf.int32), tf.zeros([batch, length], tf.int32),
+               setup.caches, end <= 0, logits_buffer)
+  state = tf.while_loop(
+      lambda t, previous, tokens, caches, finished, buf: tf.logical_and(
+          t < length, tf.logical_not(tf.reduce_all(finished))),
+      step, state, maximum_iterations=length - 1)
+  _, _, tokens, _, _, logits_buffer = state
+  tokens.set_shape([None, length])
+  result = {"outputs": continuation(tokens, prompt_length, decode_length), "tokens": tokens,
+            "prompt_length": prompt_length}
+  if return_logits:
+    result["logits"] = logits_buffer
+  return result
+
+
+def beam_decode(model, features, decode_length, beam_size, top_beams=1, alpha=0.0):
+  """Beam search (T2T's beam_search) over the cached decoder; prompts are forced tokens.
+
+  Returns:
+    dict: "outputs" [b, decode_length] (top_beams == 1) or [b, top_beams, decode_length],
+    "scores" [b] or [b, top_beams].
+  """
+  setup = decode_setup(model, features)
+  length, batch, prompt_ids, prompt_length, memory_kv, memory_padding, caches, vocab = setup
+  steps = tf.minimum(tf.reduce_max(prompt_length) + decode_length, length)
+  states = {"caches": caches, "prompt_ids": prompt_ids, "prompt_length": prompt_length}
+  if memory_kv is not None:
+    states["memory"] = memory_kv
+    states["memory_padding"] = memory_padding
+  # Create the variables outside the beam-search loop.
+  decode_step(model, tf.zeros([batch], tf.int32), tf.constant(0), states["caches"], memory_kv,
+              memory_padding)
+
+  # beam_search's loop relaxes every inner dimension; the attention needs the static ones back.
+  shapes = tf.nest.map_structure(lambda t: tf.TensorShape([None]).concatenate(t.shape[1:]),
+                                 states)
+
+  def symbols_to_logits(ids, i, states):
+    tf.nest.map_structure(lambda t, shape: t.set_shape(shape), states, shapes)
+    logits, caches = decode_step(model, ids[:, -1], i, states["caches"],
+                                 states.get("memory"), states.get("memory_padding"))
+    forced = i < states["prompt_length"]  # [b * beam]
+    prompt_token = states["prompt_ids"][:, tf.minimum(i, length - 1)]
+    one_hot = tf.one_hot(prompt_token, vocab, on_value=0.0, off_value=-1e9)
+    logits = tf.where(forced[:, tf.newaxis], one_hot,
+                      tf.nn.log_softmax(without_padding(logits)))
+    states = dict(states, caches=caches)
+    return logits, states
+
+  ids, scores, _ = beam_search.beam_search(
+      symbols_to_logits, tf.zeros([batch], tf.int32), beam_size, steps, vocab, alpha,
+      states=states, eos_id=EOS_ID, stop_early=True)
+  tokens = ids[:, :, 1:]  # [b, beam, T]: targets at positions 0..T-1
+  pad = tf.maximum(length - tf.shape(tokens)[2], 0)
+  tokens = tf.pad(tokens, [[0, 0], [0, 0], [0, pad]])[:, :, :length]
+  outputs = [continuation(tokens[:, j], prompt_length, decode_length) for j in range(top_beams)]
+  if top_beams == 1:
+    return {"outputs": outputs[0], "scores": scores[:, 0]}
+  return {"outputs": tf.stack(outputs, axis=1), "scores": scores[:, :top_beams]}
+
+
+def infer(model, features, decode_length, beam_size=1, top_beams=1, alpha=0.0):
+  """T2TModel.infer for routing_transformer: sampling/greedy (beam_size 1) or beam search."""
+  decode_hparams = getattr(model, "_decode_hparams", None)
+  check_cached_decoding(model.hparams)
+  if "inputs" not in features and "targets" not in features:
+    # Unconditional samples from t2t-decoder's dataset path (it keeps only "infer_targets");
+    # T2T's predict spec shows features["targets"] as the input: give it an empty prefix.
+    features["targets"] = tf.zeros([batch_size_of(features, None), 0, 1, 1], tf.int32)
+  if beam_size > 1:
+    return beam_decode(model, features, decode_length, beam_size, top_beams, alpha)
+  temperature, top_k, top_p = sampling_settings(model.hparams, decode_hparams)
+  result = sample_loop(model, features, decode_length, temperature, top_k, top_p)
+  return {"outputs": result["outputs"], "scores": None}

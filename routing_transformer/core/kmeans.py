@@ -1,0 +1,214 @@
+"""Online mini-batch k-means that learns the routing centroids (SPEC section 3).
+
+Pure functions (statistics, EMA step, Laplace smoothing, occupancy) plus `OnlineKMeans`, which owns
+one routing layer's variables in tf.compat.v1 graph mode, the way T2T builds models:
+  means      [h, c, d]  centroids used for routing (init LayerNorm-without-scale of N(0, 1))
+  ema_count  [h, c]     EMA of cluster sizes (init 0), non-trainable
+  ema_means  [h, c, d]  EMA of cluster sums (init = means), non-trainable
+Queries and keys of a layer share the centroids and are combined into one update per step.
+"""
+import tensorflow as tf
+
+from routing_transformer.core.attention import common
+from routing_transformer.core.attention import routing
+
+DECAY = 0.999
+EPSILON = 1e-5
+BETA = 1e-4
+DEAD_FRACTION = 1e-3  # a cluster holding < this share of its uniform share counts as dead
+
+
+def initial_means(heads, num_clusters, depth, seed=None):
+  """LayerNorm (no scale) of N(0, 1) samples: [heads, num_clusters, depth] float32."""
+  return common.layer_norm_no_scale(
+      tf.random.normal([heads, num_clusters, depth], seed=seed, dtype=tf.float32))
+
+
+def cluster_statistics(x_hat, clusters, num_clusters, weights):
+  """Per-head cluster sizes and sums of one batch.
+
+  Args:
+    x_hat: [b, h, n, d] normalised vectors.
+    clusters: int32 [b, h, n] assignments.
+    num_clusters: c.
+    weights: [b, n], 1 for real positions and 0 for padding (padding adds nothing).
+  Returns:
+    (counts float32 [h, c], sums float32 [h, c, d]).
+  """
+  heads, depth = x_hat.shape[1], x_hat.shape[3]
+  segments = clusters + tf.reshape(tf.range(heads) * num_clusters, [1, heads, 1])
+  weights = tf.broadcast_to(tf.cast(weights, tf.float32)[:, tf.newaxis, :], tf.shape(clusters))
+  counts = tf.math.unsorted_segment_sum(weights, segments, heads * num_clusters)
+  sums = tf.math.unsorted_segment_sum(tf.cast(x_hat, tf.float32) * weights[..., tf.newaxis],
+                                      segments, heads * num_clusters)
+  return (tf.reshape(counts, [heads, num_clusters]),
+          tf.reshape(sums, [heads, num_clusters, depth]))
+
+
+def routed_vectors(aux, share_qk):
+  """(x_hats, clusters) the centroids learn from, out of a routing attention's aux dict: the
+  queries, and the keys too when they are routed separately (share_qk=False)."""
+  if share_qk:
+    return [aux["q_hat"]], [aux["query_clusters"]]
+  return [aux["q_hat"], aux["k_hat"]], [aux["query_clusters"], aux["key_clusters"]]
+
+
+def combined_statistics(x_hats, clusters, num_clusters, weights):
+  """Sum of `cluster_statistics` over several vector sets (queries and keys): one update."""
+  counts, sums = 0.0, 0.0
+  for x_hat, assigned in zip(x_hats, clusters):
+    c, s = cluster_statistics(x_hat, assigned, num_clusters, weights)
+    counts, sums = counts + c, sums + s
+  return counts, sums
+
+
+def ema_step(ema_count, ema_means, counts, sums, decay=DECAY):
+  """One EMA step: x <- decay * x + (1 - decay) * batch value, for counts and sums."""
+  new_count = decay * ema_count + (1.0 - decay) * counts
+  new_means = decay * ema_means + (1.0 - decay) * sums
+  return new_count, new_means
+
+
+def smoothed_means(ema_count, ema_means, epsilon=EPSILON):
+  """Centroids from EMA statistics with Laplace smoothing of the counts.
+
+  count <- (count + eps) / (N + c * eps) * N with N = sum of counts per head; means = sums / count.
+
+  Args:
+    ema_count: [h, c].
+    ema_means: [h, c, d] (EMA of sums).
+  Returns:
+    [h, c, d].
+  """
+  return ema_means / smoothed_count(ema_count, epsilon)[..., tf.newaxis]
+
+
+def smoothed_count(ema_count, epsilon=EPSILON):
+  """Laplace-smoothed counts [h, c]: (count + eps) / (N + c * eps) * N, N = sum per head."""
+  num_clusters = ema_count.shape[-1]
+  total = tf.reduce_sum(ema_count, axis=-1, keepdims=True)
+  return (ema_count + epsilon) / (total + num_clusters * epsilon) * total
+
+
+def occupancy(counts):
+  """Summary statistics of cluster sizes.
+
+  Args:
+    counts: [h, c] cluster sizes of one batch (or their EMA).
+  Returns:
+    dict of float32 scalars: min/max share of a cluster, mean entropy (nats, max log c) of the
+    per-head occupancy distribution, and the number of dead clusters (share < DEAD_FRACTION / c).
+  """
+  counts = tf.cast(counts, tf.float32)
+  num_clusters = counts.shape[-1]
+  share = counts / tf.maximum(tf.reduce_sum(counts, axis=-1, keepdims=True), 1e-9)
+  entropy = -tf.reduce_sum(share * tf.math.log(tf.maximum(share, 1e-12)), axis=-1)
+  return {
+      "occupancy_min": tf.reduce_min(share),
+      "occupancy_max": tf.reduce_max(share),
+      "occupancy_entropy": tf.reduce_mean(entropy),
+      "dead_clusters": tf.reduce_sum(tf.cast(share < DEAD_FRACTION / num_clusters, tf.float32)),
+  }
+
+
+def dead_mask(ema_count, fraction=DEAD_FRACTION):
+  """bool [h, c]: clusters whose share of the EMA counts [h, c] is below fraction / c."""
+  num_clusters = ema_count.shape[-1]
+  share = ema_count / tf.maximum(tf.reduce_sum(ema_count, axis=-1, keepdims=True), 1e-9)
+  return share < fraction / num_clusters
+
+
+def reseed_candidates(x_hat, weights, num_clusters, seed=None):
+  """[h, c, d]: for every head, c vectors drawn at random from the real (non-padding)
+  positions of x_hat [b, h, n, d] (weights [b, n]); the re-seeding values of dead clusters."""
+  batch, heads, length, depth = x_hat.shape
+  flat = tf.reshape(tf.transpose(x_hat, [1, 0, 2, 3]), [heads, batch * length, depth])
+  real = tf.reshape(tf.cast(weights, tf.float32), [1, batch * length])
+  logits = tf.tile(tf.math.log(tf.maximum(real, 1e-30)), [heads, 1])
+  index = tf.random.categorical(logits, num_clusters, seed=seed)
+  return tf.gather(flat, index, batch_dims=1)
+
+
+def codebook_loss(x_hat, centroids, clusters, weights):
+  """mean((stop_gradient(x) - mu[assigned])^2): moves centroids by gradient when ema=False."""
+  return routing.centroid_distance(tf.stop_gradient(x_hat), centroids, clusters, weights)
+
+
+def assign_ema_update(means, ema_count, ema_means, counts, sums, decay=DECAY, epsilon=EPSILON,
+                      ema=True, candidates=None):
+  """Assigns one EMA step to a layer's k-means variables (graph op, or done at once in eager).
+
+  ema_count <- EMA of counts [h, c]; ema_means <- EMA of sums [h, c, d]; then (ema=True)
+  means <- `smoothed_means`. With `candidates` [h, c, d] (see `reseed_candidates`), clusters dead
+  after the step (`dead_mask` of the new EMA counts) take their candidate as centroid, their EMA
+  sums set so the smoothed mean is exactly the candidate (counts kept). With ema=False only the
+  EMA statistics move (monitoring); the trainable means are left to the codebook loss.
+  Returns the grouped update op (None in eager mode).
+  """
+  new_count, new_sums = ema_step(ema_count, ema_means, counts, sums, decay)
+  new_means = smoothed_means(new_count, new_sums, epsilon)
+  if candidates is not None:
+    dead = dead_mask(new_count)[..., tf.newaxis]
+    count = smoothed_count(new_count, epsilon)[..., tf.newaxis]
+    new_means = tf.where(dead, candidates, new_means)
+    new_sums = tf.where(dead, candidates * count, new_sums)
+  ops = [ema_count.assign(new_count), ema_means.assign(new_sums)]
+  if not ema:
+    return tf.group(ops)
+  with tf.control_dependencies(ops):
+    op = means.assign(new_means)
+  return tf.group(op)
+
+
+class OnlineKMeans(object):
+  """The centroids of one routing layer and their update (tf.compat.v1 variables).
+
+  Build inside the layer's variable scope; T2T's scope reuse then shares the variables between
+  data-parallel shards. With `ema=False` the means are trainable and learned by `codebook_loss`.
+  """
+
+  def __init__(self, heads, num_clusters, depth, decay=DECAY, beta=BETA, epsilon=EPSILON,
+               ema=True, name="cluster_attention"):
+    self.heads, self.num_clusters, self.depth = heads, num_clusters, depth
+    self.decay, self.beta, self.epsilon, self.ema = decay, beta, epsilon, ema
+    with tf.compat.v1.variable_scope(name):
+      init = initial_means(heads, num_clusters, depth)
+      self.means = tf.compat.v1.get_variable("means", initializer=init, trainable=not ema)
+      self.ema_count = tf.compat.v1.get_variable(
+          "ema_count", initializer=tf.zeros([heads, num_clusters]), trainable=False)
+      # The same initial tensor: the initializers run in one session.run, so ema_means == means.
+      self.ema_means = tf.compat.v1.get_variable("ema_means", initializer=init, trainable=False)
+
+  def update(self, x_hats, clusters, weights, all_reduce=None):
+    """EMA update from this step's assignments (call in TRAIN mode only).
+
+    Args:
+      x_hats: list of [b, h, n, d] normalised vectors (queries, and keys when not shared).
+      clusters: matching list of int32 [b, h, n] assignments.
+      weights: [b, n], 1 for real positions and 0 for padding.
+      all_reduce: optional fn applied to (counts, sums) to combine replicas/shards, e.g.
+        TPU cross_replica_sum; every replica must end with identical centroids.
+    Returns:
+      (update op, counts [h, c] of this step before all-reduce).
+    """
+    counts, sums = combined_statistics(x_hats, clusters, self.num_clusters, weights)
+    if all_reduce is not None:
+      return self.update_from_statistics(*all_reduce(counts, sums))[0], counts
+    return self.update_from_statistics(counts, sums)
+
+  def update_from_statistics(self, counts, sums, candidates=None):
+    """EMA step from combined statistics: counts [h, c], sums [h, c, d]; returns (op, counts).
+
+    See `assign_ema_update` (re-seeding with `candidates` [h, c, d]; ema=False).
+    """
+    op = assign_ema_update(self.means, self.ema_count, self.ema_means, counts, sums, self.decay,
+                           self.epsilon, self.ema, candidates)
+    return op, counts
+
+  def loss(self, commitment, x_hats=(), clusters=(), weights=None):
+    """beta * commitment loss; with ema=False also the codebook loss of (x_hats, clusters)."""
+    total = self.beta * commitment
+    if not self.ema:
+      for x_hat, assigned in zip(x_hats, clusters):
+        total += codebook_loss(x_hat, self.means, assigned, weights) / len(x_hats)
+    return total

@@ -1,0 +1,354 @@
+"""The Routing Transformer as a Tensor2Tensor model (`routing_transformer`, `sparse_transformer`).
+
+Decoder-only LM (num_encoder_layers = 0) or encoder-decoder. Embeddings, the projection to
+hidden_size and the output projection live in the body (as in the released model), so the
+model's bottom and top are identities and the body returns logits [b, n, 1, 1, vocab] plus
+{"extra_loss": sum of beta * commitment losses}. Sequences are padded to max_target_length /
+max_length so every shape is static (TPU/XLA).
+
+Centroid updates: in TRAIN mode each routing layer reports its k-means statistics; after all
+data-parallel shards are built, `model_fn_sharded` averages them over shards (cross-replica sum
+on TPU) and applies one EMA update per layer, so every shard keeps identical centroids.
+"""
+import collections
+
+import tensorflow as tf
+
+from routing_transformer.t2t import checkpoint_files
+from routing_transformer.t2t import compat
+from routing_transformer.core import health
+from routing_transformer.core import kmeans
+from routing_transformer.core import layers
+from routing_transformer.core import recompute
+
+compat.patch_tensor2tensor()
+
+# pylint: disable=g-import-not-at-top,wrong-import-position
+from tensor2tensor.layers import common_attention
+from tensor2tensor.layers import common_layers
+from tensor2tensor.utils import registry
+from tensor2tensor.utils import t2t_model
+# pylint: enable=g-import-not-at-top,wrong-import-position
+
+tf1 = tf.compat.v1
+
+
+class HParamsError(ValueError):
+  """Inconsistent hparams; the message names the hparam and the fix."""
+
+
+def check_hparams(hparams, length=None):
+  """Fails fast on hparams the model cannot run with; returns None or raises HParamsError."""
+  heads = hparams.local_num_heads + hparams.sparsity_cluster_num_heads
+  length = length or hparams.max_target_length or hparams.max_length
+  block, flange = hparams.query_shape[0], hparams.memory_flange[0]
+  problems = []
+  if heads <= 0 or hparams.hidden_size % heads:
+    problems.append("hidden_size=%d is not divisible by local_num_heads + "
+                    "sparsity_cluster_num_heads = %d; change one of them"
+                    % (hparams.hidden_size, heads))
+  full = hparams.get("full_attention", False)
+  if not full and (block <= 0 or length % block):
+    problems.append("max_length/max_target_length=%d is not a multiple of query_shape=%d; use "
+                    "e.g. max_length=%d" % (length, block, -(-length // max(block, 1)) * block))
+  if not full and block > 0 and flange % block:
+    problems.append("memory_flange=%d is not a multiple of query_shape=%d" % (flange, block))
+  routing = hparams.sparsity_cluster_num_heads > 0 and (
+      hparams.sparsity_skip_first < hparams.num_decoder_layers or
+      hparams.num_encoder_layers > 0)
+  if routing:
+    clusters = hparams.sparsity_cluster_size
+    window = hparams.sparsity_cluster_attention_window
+    if clusters <= 0 or window <= 0:
+      problems.append("sparsity_cluster_num_heads=%d needs sparsity_cluster_size > 0 and "
+                      "sparsity_cluster_attention_window > 0 (got %d and %d); set them or use "
+                      "sparsity_cluster_num_heads=0" % (hparams.sparsity_cluster_num_heads,
+                                                        clusters, window))
+    elif window > length:
+      problems.append("sparsity_cluster_attention_window=%d exceeds the length %d; lower it"
+                      % (window, length))
+    elif clusters * window < length and (hparams.routing_mode != "causal_window" or
+                                         hparams.num_encoder_layers > 0):
+      problems.append("sparsity_cluster_size * sparsity_cluster_attention_window = %d * %d < "
+                      "length %d leaves tokens out of every cluster; use sparsity_cluster_size "
+                      ">= %d" % (clusters, window, length, -(-length // window)))
+  if hparams.legacy_causal_key_routing and hparams.routing_mode != "topk":
+    problems.append("legacy_causal_key_routing=True reproduces the original's top-k routing; "
+                    "use it with routing_mode='topk'")
+  if hparams.get("routing_logit_scale", "none") not in ("none", "rsqrt_depth", "learned"):
+    problems.append("routing_logit_scale=%r is not supported; use 'none' (paper), "
+                    "'rsqrt_depth' or 'learned'" % hparams.routing_logit_scale)
+  if hparams.routing_mode not in ("topk", "causal_window"):
+    problems.append("routing_mode=%r is not supported; use 'topk' (paper routing) or "
+                    "'causal_window' (strictly causal)" % hparams.routing_mode)
+  if problems:
+    raise HParamsError("Inconsistent hparams for routing_transformer: " + "; ".join(problems))
+
+
+def pad_to_length(ids, length, name):
+  """Pads int ids [b, n] with 0 to exactly `length` (static); fails if n > length."""
+  n = tf.shape(ids)[1]
+  check = tf.debugging.assert_less_equal(
+      n, length, message="%s longer than the model's static length %d; raise max_length/"
+      "max_target_length or shorten the examples" % (name, length))
+  with tf.control_dependencies([check]):
+    padded = tf.pad(ids, [[0, 0], [0, length - n]])
+  padded.set_shape([ids.shape[0], length])
+  return padded
+
+
+@registry.register_model
+class RoutingTransformer(t2t_model.T2TModel):
+  """Routing Transformer LM / encoder-decoder (Roy et al., 2021)."""
+
+  def __init__(self, *args, **kwargs):
+    super(RoutingTransformer, self).__init__(*args, **kwargs)
+    self._kmeans_steps = collections.OrderedDict()
+
+  @property
+  def is_train(self):
+    return self.hparams.mode == tf.estimator.ModeKeys.TRAIN
+
+  def bottom(self, features):
+    return dict(features)  # embeddings are part of the body
+
+  def top(self, body_output, features):
+    return body_output  # the body returns logits
+
+  def embed(self, ids, name, feature="targets", position=None):
+    """ids [b, n] -> [b, n, hidden]: embedding_dims lookup (no scaling), dropout, dense.
+
+    `position` (int32 scalar) is the position of a single decoding step (ids [b, 1]).
+    """
+    hparams = self.hparams
+    vocab = self._problem_hparams.vocab_size[feature]
+    with tf1.variable_scope(name):
+      table = tf1.get_variable("embedding", [vocab, hparams.embedding_dims],
+                               initializer=tf1.random_normal_initializer(0.0, 1.0))
+    x = tf.gather(table, ids)
+    if self.is_train and hparams.dropout:
+      x = tf.nn.dropout(x, rate=hparams.dropout)
+    x = layers.dense(x, hparams.hidden_size, "emb_dense" if name == "embeddings" else
+                     name + "_dense", use_bias=True)
+    if hparams.add_timing_signal and position is None:
+      x = common_attention.add_timing_signal_1d(x)
+    elif hparams.add_timing_signal:
+      x = common_attention.add_timing_signal_1d_given_position(
+          x, tf.fill(tf.shape(ids), position))
+    return x
+
+  def layer_stack(self, x, prefix, num_layers, attend, memory_attend=None, wrap=None):
+    """Residual blocks: self-attention, [enc-dec attention], FFN with T2T pre/post-processing.
+
+    Args:
+      x: [b, n, hidden].
+      prefix: "encoder" or "decoder" (variable scopes `<prefix>_layer_<i>`).
+      num_layers: number of blocks.
+      attend: (normalised x, layer index) -> self-attention output [b, n, hidden].
+      memory_attend: optional (normalised x, layer index) -> enc-dec attention output.
+      wrap: optional (x, layer index) -> block output, run in the block's variable scope
+        instead of `block` (recompute_layers).
+    Returns:
+      [b, n, hidden] (final layer_preprocess applied).
+    """
+    hparams = self.hparams
+    for i in range(num_layers):
+      with tf1.variable_scope("%s_layer_%d" % (prefix, i)):
+        x = wrap(x, i) if wrap is not None else self.block(x, i, attend, memory_attend)
+    return common_layers.layer_preprocess(x, hparams)
+
+  def block(self, x, i, attend, memory_attend=None):
+    """One residual block (in scope `<prefix>_layer_<i>`); see `layer_stack`."""
+    hparams = self.hparams
+    with tf1.variable_scope("self_attention"):
+      with tf1.variable_scope("self_attention"):
+        y = attend(common_layers.layer_preprocess(x, hparams), i)
+      x = common_layers.layer_postprocess(x, y, hparams)
+      if memory_attend is not None:
+        with tf1.variable_scope("encdec_attention"):
+          y = memory_attend(common_layers.layer_preprocess(x, hparams), i)
+        x = common_layers.layer_postprocess(x, y, hparams)
+      with tf1.variable_scope("ffn"):
+        y = layers.ffn(common_layers.layer_preprocess(x, hparams), hparams, self.is_train)
+      x = common_layers.layer_postprocess(x, y, hparams)
+    return x
+
+  def stack(self, x, padding, causal, prefix, num_layers, memory=None, memory_padding=None):
+    """Whole-sequence layers; returns (x [b, n, hidden], summed commitment losses)."""
+    hparams = self.hparams
+    if self.is_train and hparams.get("recompute_layers", False):
+      return self.recomputed_stack(x, padding, causal, prefix, num_layers, memory,
+                                   memory_padding)
+    losses = []
+
+    def attend(y, i):
+      out, loss, step = layers.self_attention(y, hparams, i, padding, causal=causal,
+                                              train=self.is_train)
+      if step is not None:
+        self._kmeans_steps.setdefault(step.km.means.name, []).append(step)
+      losses.append(tf.cast(loss, tf.float32))
+      return out
+
+    memory_attend = None if memory is None else (
+        lambda y, i: layers.encdec_attention(y, memory, hparams, memory_padding))
+    x = self.layer_stack(x, prefix, num_layers, attend, memory_attend)
+    return x, tf.add_n(losses)
+
+  def recomputed_stack(self, x, padding, causal, prefix, num_layers, memory=None,
+                       memory_padding=None):
+    """`stack` with every block recomputed in the backward pass (hparam recompute_layers).
+
+    The forward call of a block registers its k-means statistics and reads the centroids; the
+    backward re-run (replay) registers nothing and routes with the centroids the forward read,
+    so the EMA update happens once per step and the gradients equal those without recompute.
+    """
+    hparams = self.hparams
+    random = [name for name in ("attention_dropout", "relu_dropout",
+                                "layer_prepostprocess_dropout") if hparams.get(name)]
+    if random or hparams.random_routing:
+      raise HParamsError(
+          "recompute_layers=True re-runs each block in the backward pass and would draw its "
+          "random numbers again; set %s to 0 or recompute_layers=False"
+          % " and ".join(random + (["random_routing=False"] if hparams.random_routing else [])))
+    losses = []
+
+    def wrap(x, i):
+      means = {}  # this block's centroid reads in the forward: variable ref -> tensor
+
+      def read_centroids(km, replay):
+        if not replay:
+          means[km.means.ref()] = tf.convert_to_tensor(km.means)
+        return means[km.means.ref()]
+
+      def run(x, *mem, replay=False):
+        found = {}
+
+        def attend(y, i):
+          out, loss, step = layers.self_attention(
+              y, hparams, i, padding, causal=causal, train=True,
+              read_centroids=lambda km: read_centroids(km, replay))
+          if step is not None and not replay:
+            self._kmeans_steps.setdefault(step.km.means.name, []).append(step)
+          found["loss"] = tf.cast(loss, tf.float32)
+          return out
+
+        memory_attend = None if not mem else (
+            lambda y, i: layers.encdec_attention(y, mem[0], hparams, memory_padding))
+        y = self.block(x, i, attend, memory_attend)
+        return y, tf.convert_to_tensor(found["loss"]) + tf.zeros([])
+
+      y, loss = recompute.recompute_block(run, [x] + ([memory] if memory is not None else []),
+                                          lambda: means)
+      losses.append(loss)
+      return y
+
+    x = self.layer_stack(x, prefix, num_layers, None, None, wrap=wrap)
+    return x, tf.add_n(losses)
+
+  def logits(self, x):
+    """[b, n, hidden] -> [b, n, vocab]: [final_dense_1 when dims differ], final_dense_2."""
+    hparams = self.hparams
+    if hparams.hidden_size != hparams.embedding_dims:
+      x = layers.dense(x, hparams.embedding_dims, "final_dense_1", use_bias=True)
+    vocab = self._problem_hparams.vocab_size["targets"]
+    return layers.dense(x, vocab, "final_dense_2", use_bias=True)
+
+  def encode(self, features):
+    """(memory [b, m, hidden], memory_padding [b, m], commitment loss) or Nones without inputs."""
+    hparams = self.hparams
+    if hparams.num_encoder_layers <= 0 or "inputs" not in features:
+      return None, None, 0.0
+    inputs = tf.cast(features["inputs"], tf.int32)
+    in_ids = tf.reshape(inputs, common_layers.shape_list(inputs)[:2])
+    in_ids = pad_to_length(in_ids, hparams.max_length, "inputs")
+    memory_padding = tf.equal(in_ids, 0)
+    memory, loss = self.stack(self.embed(in_ids, "input_embeddings", "inputs"), memory_padding,
+                              False, "encoder", hparams.num_encoder_layers)
+    return memory, memory_padding, loss
+
+  def body(self, features):
+    hparams = self.hparams
+    check_hparams(hparams)
+    targets = tf.cast(features["targets"], tf.int32)
+    ids = tf.reshape(targets, common_layers.shape_list(targets)[:2])
+    actual_length = tf.shape(ids)[1]
+    length = hparams.max_target_length or hparams.max_length
+    ids = pad_to_length(ids, length, "targets")
+    if self.is_train and hparams.target_dropout:
+      drop = tf.random.uniform(tf.shape(ids)) < hparams.target_dropout
+      ids_in = tf.where(drop, tf.zeros_like(ids), ids)
+    else:
+      ids_in = ids
+    shifted = tf.pad(ids_in, [[0, 0], [1, 0]])[:, :-1]
+    padding = tf.equal(ids, 0)  # position i is padding when its target is padding
+
+    memory, memory_padding, extra = self.encode(features)
+    x = self.embed(shifted, "embeddings")
+    x, loss = self.stack(x, padding, True, "decoder", hparams.num_decoder_layers, memory,
+                         memory_padding)
+    logits = self.logits(x)[:, :actual_length, tf.newaxis, tf.newaxis, :]
+    return logits, {"extra_loss": loss + extra}
+
+  def infer(self, features=None, decode_length=50, beam_size=1, top_beams=1, alpha=0.0,
+            use_tpu=False):
+    """Cached incremental decoding (`routing_transformer.core.decoding`) unless fast_decode=False."""
+    if not self.hparams.get("fast_decode", True):
+      return super(RoutingTransformer, self).infer(features, decode_length, beam_size,
+                                                   top_beams, alpha, use_tpu)
+    from routing_transformer.core import decoding  # pylint: disable=g-import-not-at-top
+    check_hparams(self.hparams)
+    return decoding.infer(self, features, decode_length, beam_size=beam_size,
+                          top_beams=top_beams, alpha=alpha)
+
+  @staticmethod
+  def train_hooks(hook_context):
+    """Dead-cluster warnings every `dead_cluster_check_steps` steps (health.DeadClusterHook)."""
+    every = hook_context.hparams.get("dead_cluster_check_steps", 1000)
+    return [health.DeadClusterHook(every)] if every else []
+
+  def optimize(self, loss, num_async_replicas=1, use_tpu=False, variables=None):
+    """T2T's optimizer, with the non-finite guard of `health` unless nan_guard=False or TPU."""
+    if use_tpu or not self.hparams.get("nan_guard", True):
+      return super().optimize(loss, num_async_replicas, use_tpu, variables)
+    centroids = [v for v in tf1.global_variables() if v.op.name.endswith("/means")]
+    with health.guarding(loss, centroids):
+      return super().optimize(loss, num_async_replicas, use_tpu, variables)
+
+  def model_fn_sharded(self, sharded_features):
+    self._kmeans_steps = collections.OrderedDict()
+    sharded_logits, losses = super(RoutingTransformer, self).model_fn_sharded(sharded_features)
+    if self.hparams.mode != tf.estimator.ModeKeys.PREDICT:  # decoding may name its checkpoint
+      checkpoint_files.check_restorable(self.hparams.get("model_dir"), tf1.global_variables())
+    if self.is_train and self._kmeans_steps:
+      updates = [self.centroid_update(steps) for steps in self._kmeans_steps.values()]
+      with tf.control_dependencies(updates):
+        losses["extra_loss"] = tf.identity(losses.get("extra_loss", 0.0))
+    return sharded_logits, losses
+
+  def centroid_update(self, steps):
+    """One EMA update of a layer's centroids from the statistics of every shard (and replica)."""
+    stats = [step.statistics() for step in steps]
+    counts = tf.add_n([c for c, _ in stats]) / len(stats)
+    sums = tf.add_n([s for _, s in stats]) / len(stats)
+    km = steps[0].km
+    if common_layers.is_xla_compiled():  # TPU: identical centroids on every replica
+      counts = tf1.tpu.cross_replica_sum(counts)
+      sums = tf1.tpu.cross_replica_sum(sums)
+    candidates = None
+    if self.hparams.get("reseed_dead_clusters", False) and not common_layers.is_xla_compiled():
+      first = steps[0]  # re-seeding values from this shard's queries (off on TPU: see docs)
+      candidates = kmeans.reseed_candidates(first.x_hats[0], first.weights, km.num_clusters)
+    op, _ = km.update_from_statistics(counts, sums, candidates)
+    if common_layers.should_generate_summaries():
+      name = km.means.name.split("/body/")[-1].replace("/means:0", "")
+      scalars = dict(kmeans.occupancy(counts))  # cluster balance: min/max share, entropy
+      for key in steps[0].routing_statistics:  # no_cluster_share, self_attention_share
+        scalars[key] = tf.add_n([s.routing_statistics[key] for s in steps]) / len(steps)
+      for key, value in scalars.items():
+        tf1.summary.scalar("routing/%s/%s" % (name, key), value)
+    return op
+
+
+@registry.register_model("sparse_transformer")
+class SparseTransformer(RoutingTransformer):
+  """The same model under the original release's name (its variables live in that scope)."""

@@ -1,0 +1,9 @@
+"""Mesh-TensorFlow port of the Routing Transformer (SPEC section 8).
+
+attention: local and routing attention with named dimensions; kmeans: online k-means variables
+and EMA updates; model: the decoder-only LM; estimator: the T2T model `routing_transformer_mtf`
+(TF2-compatible replacement for T2T's mtf_model glue).
+"""
+from routing_transformer.t2t import compat
+
+compat.apply()
