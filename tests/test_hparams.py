@@ -184,3 +184,17 @@ def test_sets_are_fresh_objects(registry):
   first = registry.hparams("routing_transformer_tiny")
   first.hidden_size = 7
   assert registry.hparams("routing_transformer_tiny").hidden_size == 128
+
+
+@pytest.mark.parametrize("name", ["routing_transformer_tiny", "local_transformer_tiny",
+                                  "full_transformer_tiny", "routing_transformer_tiny_causal",
+                                  "routing_transformer_tiny1k", "local_transformer_tiny1k",
+                                  "full_transformer_tiny1k", "pg19_local_cluster_tiny2k",
+                                  "pg19_local_tiny2k", "pg19_full_tiny2k"])
+def test_tiny_sets_carry_the_recipe_that_learns_look_ups(registry, name):
+  """docs/routing_learning.md: at the paper's gain 0.2 a tiny model learns no look-up."""
+  hp = registry.hparams(name)
+  assert hp.initializer_gain == 1.0 and hp.initializer == "uniform_unit_scaling"
+  assert hp.optimizer == "adafactor" and hp.optimizer_adafactor_multiply_by_parameter_scale
+  assert (hp.learning_rate_warmup_steps, hp.learning_rate_constant) == (100, 0.05)
+  assert registry.hparams("pg19_local_cluster8k").initializer_gain == pytest.approx(0.2)
