@@ -163,8 +163,7 @@ def test_kmeans_ema_update_equals_tf(inputs):
   np.testing.assert_allclose(after["ema_count"], 0.0 * decay + (1 - decay) * got_counts,
                              rtol=1e-6)
   x_hat = tf_attention.layer_norm_no_scale(tf.constant(q))
-  clusters = tf_attention.routing.assignments(
-      tf_attention.routing.centroid_scores(x_hat, init_means))
+  clusters = tf_kmeans.assignments(tf_attention.routing.centroid_scores(x_hat, init_means))
   counts, sums = tf_kmeans.cluster_statistics(x_hat, clusters, C, weights)
   np.testing.assert_allclose(got_counts, counts.numpy(), rtol=1e-6)
   assert got_counts.sum() == pytest.approx(H * weights.sum())  # both batch shards counted
