@@ -42,7 +42,10 @@ def sparse_transformer_local():
   hparams.optimizer_adafactor_decay_type = "pow"
   hparams.optimizer_adafactor_memory_exponent = 0.8
   hparams.optimizer_adafactor_multiply_by_parameter_scale = True
-  hparams.learning_rate_schedule = "constant*linear_warmup*rsqrt_normalized_decay"
+  # The original's schedule: flat learning_rate_constant up to learning_rate_warmup_steps, then
+  # rsqrt decay (0.01 * sqrt(10000 / max(step, 10000))); no warm-up. The tiny/demo/test sets of
+  # sets.py add a linear warm-up (sets.WARMUP_SCHEDULE).
+  hparams.learning_rate_schedule = "constant*rsqrt_normalized_decay"
   hparams.learning_rate_constant = 0.01
   hparams.learning_rate_warmup_steps = 10000
   hparams.shared_embedding_and_softmax_weights = False
