@@ -81,9 +81,13 @@ def sparse_transformer_local():
       full_attention=False,
       routing_mode="topk",       # "topk" (paper) or "causal_window" (strictly causal)
       random_routing=False,      # Random Transformer baseline: members drawn at random
-      # Legacy switch for original-release checkpoints trained with share_qk=False: causal keys
-      # routed by their own centroid scores, rank-triangle mask (attention/routing.py).
+      # Legacy switches reproducing defects of the original release (off in every set):
+      # for its checkpoints trained with share_qk=False, causal keys routed by their own centroid
+      # scores with a rank-triangle mask (attention/routing.py);
       legacy_causal_key_routing=False,
+      # to continue or compare its runs step for step, its k-means counts, which interleave the
+      # routing heads with the positions (kmeans.interleaved_counts; the sums stay per head).
+      legacy_kmeans_counts=False,
       # Extensions beyond the paper (off here and in every paper set; docs/routing_learning.md):
       routing_exclude_self=False,  # a routing query skips its own position if it has others
       routing_logit_scale="none",  # "none" (paper) | "rsqrt_depth" | "learned" (per head)

@@ -232,6 +232,12 @@ def test_tiny_sets_keep_a_linear_warm_up(registry):
   assert tiny == pytest.approx([5e-4, 0.025, 0.05, 0.025], rel=1e-5)
 
 
+def test_legacy_kmeans_counts_is_off_in_every_set(registry):
+  import hparams  # pylint: disable=g-import-not-at-top
+  for name in hparams.PROJECT_SETS:
+    assert registry.hparams(name).legacy_kmeans_counts is False, name
+
+
 def test_sets_are_fresh_objects(registry):
   first = registry.hparams("routing_transformer_tiny")
   first.hidden_size = 7

@@ -64,6 +64,7 @@ def routing_variables(hparams, layer_index):
   with tf1.variable_scope("routing"):
     km = kmeans.OnlineKMeans(num_routing, hparams.sparsity_cluster_size, depth,
                              decay=hparams.decay, beta=hparams.beta, ema=hparams.ema,
+                             legacy_counts=hparams.get("legacy_kmeans_counts", False),
                              name="cluster_attention")
     rel_k, rel_v = relative_tables(hparams, depth, hparams.sparsity_cluster_relative)
   return km, rel_k, rel_v

@@ -3,8 +3,8 @@
 Decoder-only LM (num_encoder_layers = 0) or encoder-decoder. Embeddings, the projection to
 hidden_size and the output projection live in the body (as in the released model), so the
 model's bottom and top are identities and the body returns logits [b, n, 1, 1, vocab] plus
-{"extra_loss": sum of beta * commitment losses}. Sequences are padded to max_target_length /
-max_length so every shape is static (TPU/XLA).
+{"extra_loss": sum of the layers' k-means losses (`kmeans.clustering_loss`)}. Sequences are padded
+to max_target_length / max_length so every shape is static (TPU/XLA).
 
 Centroid updates: in TRAIN mode each routing layer reports its k-means statistics; after all
 data-parallel shards are built, `model_fn_sharded` averages them over shards (cross-replica sum
