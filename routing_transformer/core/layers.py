@@ -41,20 +41,6 @@ def routing_heads(hparams, layer_index):
   return hparams.sparsity_cluster_num_heads
 
 
-class KMeansStep(object):
-  """What a routing layer hands to the model for the (shard-combined) centroid update."""
-
-  def __init__(self, km, x_hats, clusters, weights, statistics=None):
-    self.km, self.x_hats, self.clusters, self.weights = km, x_hats, clusters, weights
-    # Scalars of routing.routing_statistics (the model writes them as TRAIN summaries).
-    self.routing_statistics = statistics or {}
-
-  def statistics(self):
-    """(counts [h, c], sums [h, c, d]) of this shard."""
-    return kmeans.combined_statistics(self.x_hats, self.clusters, self.km.num_clusters,
-                                      self.weights)
-
-
 def head_counts(hparams, layer_index):
   """(routing heads, local heads, depth per head) of a layer."""
   num_heads = hparams.local_num_heads + hparams.sparsity_cluster_num_heads
@@ -78,6 +64,7 @@ def routing_variables(hparams, layer_index):
   with tf1.variable_scope("routing"):
     km = kmeans.OnlineKMeans(num_routing, hparams.sparsity_cluster_size, depth,
                              decay=hparams.decay, beta=hparams.beta, ema=hparams.ema,
+                             legacy_counts=hparams.get("legacy_kmeans_counts", False),
                              name="cluster_attention")
     rel_k, rel_v = relative_tables(hparams, depth, hparams.sparsity_cluster_relative)
   return km, rel_k, rel_v
@@ -153,7 +140,8 @@ def self_attention(x, hparams, layer_index, padding, causal=True, train=False,
     read_centroids: optional km -> [h, c, d] centroid values to route with (default: read
       km.means); recompute_layers replays the forward's read in the backward pass.
   Returns:
-    (y [b, n, hidden], commitment loss (scalar, 0 without routing heads), KMeansStep or None).
+    (y [b, n, hidden], k-means loss (scalar, 0 without routing heads), kmeans.KMeansStep or
+    None).
   """
   num_routing, num_local, _ = head_counts(hparams, layer_index)
   q, k, v = projections(x, hparams, layer_index)
@@ -175,7 +163,7 @@ def self_attention(x, hparams, layer_index, padding, causal=True, train=False,
     if train:
       statistics = routing.routing_statistics(aux["member_count"], aux["self_weight"],
                                               aux["weights"])
-      step = KMeansStep(km, x_hats, clusters, aux["weights"], statistics)
+      step = kmeans.KMeansStep(km, x_hats, clusters, aux["weights"], statistics)
   return attention_output(out, hparams, train), loss, step
 
 

@@ -14,6 +14,7 @@ the cluster's order (the rank distance of paper routing).
 """
 import tensorflow as tf
 
+from routing_transformer.core import kmeans
 from routing_transformer.core.attention import common
 from routing_transformer.core.attention import routing
 
@@ -72,12 +73,12 @@ def causal_window_attention(q, k, v, centroids, window, share_qk=True, padding=N
   k_hat = q_hat if share_qk else common.layer_norm_no_scale(k)
   weights = routing.position_weights(pad, batch, n)
   mu = tf.stop_gradient(centroids)
-  clusters = routing.assignments(routing.centroid_scores(q_hat, mu))  # [b, h, n]
-  loss = routing.commitment_loss(q_hat, mu, clusters, weights)
+  clusters = kmeans.assignments(routing.centroid_scores(q_hat, mu))  # [b, h, n]
+  loss = kmeans.commitment_loss(q_hat, mu, clusters, weights)
   aux = {"q_hat": q_hat, "k_hat": k_hat, "weights": weights, "query_clusters": clusters}
   if not share_qk:  # keys live at their position's cluster; they still commit to their own
-    aux["key_clusters"] = routing.assignments(routing.centroid_scores(k_hat, mu))
-    loss = 0.5 * (loss + routing.commitment_loss(k_hat, mu, aux["key_clusters"], weights))
+    aux["key_clusters"] = kmeans.assignments(routing.centroid_scores(k_hat, mu))
+    loss = 0.5 * (loss + kmeans.commitment_loss(k_hat, mu, aux["key_clusters"], weights))
   aux["commitment_loss"] = loss
 
   order = sort_by_cluster(clusters)  # [b, h, n]

@@ -4,18 +4,12 @@ Shapes use b = batch, h = heads, n = length, d = depth per head.
 """
 import tensorflow as tf
 
+from routing_transformer.core import norm
 
-def layer_norm_no_scale(x, epsilon=1e-6):
-  """LayerNorm with scale and bias disabled over the last axis: mean 0, variance 1.
 
-  Args:
-    x: [..., d] float tensor.
-    epsilon: added to the variance.
-  Returns:
-    [..., d] tensor of x's dtype.
-  """
-  mean, variance = tf.nn.moments(x, axes=[-1], keepdims=True)
-  return (x - mean) * tf.math.rsqrt(variance + epsilon)
+# LayerNorm without scale, routing's normalisation; defined in core/norm.py, which the k-means
+# imports without importing this package.
+layer_norm_no_scale = norm.layer_norm_no_scale
 
 
 def mask_value(dtype):

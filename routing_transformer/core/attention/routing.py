@@ -9,6 +9,7 @@ Cost O(n c d + c w^2 d); with c = n / w and w ~ sqrt(n) this is O(n^1.5 d).
 """
 import tensorflow as tf
 
+from routing_transformer.core import kmeans
 from routing_transformer.core.attention import common
 
 COUNT_EPSILON = 1e-2
@@ -74,53 +75,11 @@ def scatter_clusters(values, indices, length):
   return tf.reshape(summed, [batch, heads, length, values.shape[4]])
 
 
-def assignments(scores):
-  """Hard k-means assignment: the best centroid of every position.
-
-  Args:
-    scores: [b, h, c, n] from `centroid_scores`.
-  Returns:
-    int32 [b, h, n].
-  """
-  return tf.argmax(scores, axis=2, output_type=tf.int32)
-
-
-def assigned_centroids(centroids, clusters):
-  """mu[h, clusters[b, h, i]] for every position: [h, c, d], [b, h, n] -> [b, h, n, d]."""
-  heads, num_clusters, depth = centroids.shape
-  flat = tf.reshape(centroids, [heads * num_clusters, depth])
-  offsets = tf.reshape(tf.range(heads) * num_clusters, [1, heads, 1])
-  return tf.gather(flat, clusters + offsets)
-
-
 def position_weights(padding, batch, length, dtype=tf.float32):
   """[b, n] weights: 1 for real positions, 0 for padding (all ones without padding)."""
   if padding is None:
     return tf.ones([batch, length], dtype)
   return 1.0 - tf.cast(padding, dtype)
-
-
-def centroid_distance(x_hat, centroids, clusters, weights):
-  """mean((x - mu[assigned])^2) over real positions, heads and depth.
-
-  Args:
-    x_hat: [b, h, n, d].
-    centroids: [h, c, d].
-    clusters: int32 [b, h, n] assignments.
-    weights: [b, n], 1 for real positions and 0 for padding.
-  Returns:
-    float32 scalar.
-  """
-  mu = tf.cast(assigned_centroids(centroids, clusters), x_hat.dtype)
-  squared = tf.reduce_sum(tf.cast(tf.square(x_hat - mu), tf.float32), axis=-1)  # [b, h, n]
-  weights = tf.cast(weights, tf.float32)[:, tf.newaxis, :]
-  total = tf.reduce_sum(weights) * x_hat.shape[1] * x_hat.shape[-1]
-  return tf.reduce_sum(squared * weights) / tf.maximum(total, 1.0)
-
-
-def commitment_loss(x_hat, centroids, clusters, weights):
-  """mean((x - stop_gradient(mu[assigned]))^2): pulls the vectors towards their centroids."""
-  return centroid_distance(x_hat, tf.stop_gradient(centroids), clusters, weights)
 
 
 def check_routing(length, depth, centroids, window, name):
@@ -184,17 +143,17 @@ def routing_attention(q, k, v, centroids, window, causal=True, share_qk=True, pa
   # No gradient reaches the centroids through routing (top-k and argmax are discrete).
   mu = tf.stop_gradient(centroids)
   query_scores = centroid_scores(q_hat, mu)
-  query_clusters = assignments(query_scores)
+  query_clusters = kmeans.assignments(query_scores)
   member_scores = tf.random.uniform(tf.shape(query_scores)) if random_routing else query_scores
   query_indices = top_window(member_scores, window, pad)
-  loss = commitment_loss(q_hat, mu, query_clusters, weights)
+  loss = kmeans.commitment_loss(q_hat, mu, query_clusters, weights)
   aux = {"q_hat": q_hat, "k_hat": k_hat, "weights": weights, "query_clusters": query_clusters,
          "query_indices": query_indices}
   key_indices = query_indices
   if not share_qk:  # keys commit to (and, non-causal, are routed by) their own centroids
     key_scores = centroid_scores(k_hat, mu)
-    aux["key_clusters"] = assignments(key_scores)
-    loss = 0.5 * (loss + commitment_loss(k_hat, mu, aux["key_clusters"], weights))
+    aux["key_clusters"] = kmeans.assignments(key_scores)
+    loss = 0.5 * (loss + kmeans.commitment_loss(k_hat, mu, aux["key_clusters"], weights))
     if not causal or legacy_causal_key_routing:
       key_indices = top_window(
           tf.random.uniform(tf.shape(key_scores)) if random_routing else key_scores, window, pad)
