@@ -79,8 +79,12 @@ def sparse_transformer_local():
       routing_mode="topk",       # "topk" (paper) or "causal_window" (strictly causal)
       random_routing=False,      # Random Transformer baseline: members drawn at random
       # Legacy switch for original-release checkpoints trained with share_qk=False: causal keys
-      # routed by their own centroid scores, rank-triangle mask (attention/routing.py).
+      # routed by their own centroid scores, rank-triangle mask (core/attention/legacy.py).
       legacy_causal_key_routing=False,
+      # Padding as the original release routes it: padding positions compete for cluster slots
+      # and enter the k-means statistics and commitment loss (no key mask in the decoder). The
+      # Scorer sets it for original-release checkpoints (core/attention/routing.py).
+      routing_padding_as_original=False,
       # Extensions beyond the paper (off here and in every paper set; docs/routing_learning.md):
       routing_exclude_self=False,  # a routing query skips its own position if it has others
       routing_logit_scale="none",  # "none" (paper) | "rsqrt_depth" | "learned" (per head)
