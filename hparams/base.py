@@ -83,11 +83,15 @@ def sparse_transformer_local():
       random_routing=False,      # Random Transformer baseline: members drawn at random
       # Legacy switches reproducing defects of the original release (off in every set):
       # for its checkpoints trained with share_qk=False, causal keys routed by their own centroid
-      # scores with a rank-triangle mask (attention/routing.py);
+      # scores with a rank-triangle mask (core/attention/legacy.py);
       legacy_causal_key_routing=False,
       # to continue or compare its runs step for step, its k-means counts, which interleave the
       # routing heads with the positions (kmeans.interleaved_counts; the sums stay per head).
       legacy_kmeans_counts=False,
+      # Padding as the original release routes it: padding positions compete for cluster slots
+      # and enter the k-means statistics and commitment loss (no key mask in the decoder). The
+      # Scorer sets it for original-release checkpoints (core/attention/routing.py).
+      routing_padding_as_original=False,
       # Extensions beyond the paper (off here and in every paper set; docs/routing_learning.md):
       routing_exclude_self=False,  # a routing query skips its own position if it has others
       routing_logit_scale="none",  # "none" (paper) | "rsqrt_depth" | "learned" (per head)

@@ -134,8 +134,9 @@ def test_original_release_names_restore_directly(vocab_file, tmp_path):
   assert any("attention_nd" in n for n in checkpoints.read_variables(str(tmp_path / "orig")))
   texts = ["a cat ran home", "the dogs sang"]
   results = []
-  for sub in ("ours", "orig"):
-    scorer = score.Scorer(str(tmp_path / sub), SET, vocab_file, batch_size=2)
+  # The original-release names run with routing_padding_as_original=True (test_routing_padding).
+  for sub, overrides in (("ours", "routing_padding_as_original=True"), ("orig", "")):
+    scorer = score.Scorer(str(tmp_path / sub), SET, vocab_file, overrides, batch_size=2)
     results.append(scorer.score(texts))
     scorer.close()
   for a, b in zip(*results):

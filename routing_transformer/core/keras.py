@@ -69,7 +69,7 @@ class RoutingSelfAttention(tf.keras.layers.Layer):
     x: [b, n, hidden] (n static).
     padding: optional bool [b, n], True at padding positions.
     training: when true, one EMA step of the centroids from this batch's assignments (and the
-      attention dropout); otherwise the centroids stay as they are.
+      attention dropout on the attention weights); otherwise the centroids stay as they are.
   Returns [b, n, hidden]; the k-means loss `kmeans.clustering_loss` (2 * beta * commitment_loss)
   is added with `add_loss`.
   """
@@ -185,13 +185,12 @@ class RoutingSelfAttention(tf.keras.layers.Layer):
     r = self.routing_heads
     out, aux = heads.mixed_heads(q, k, v, r, self.head_config(), self.causal, padding,
                                  self.means if r else None, self.routing_tables,
-                                 self.local_tables, self.routing_options())
+                                 self.local_tables, self.routing_options(),
+                                 self.attention_dropout if training else 0.0)
     if r:
       self.add_loss(kmeans.clustering_loss(aux["commitment_loss"], self.beta))
       if training:
         self.update_centroids(aux)
-    if training and self.attention_dropout:
-      out = tf.nn.dropout(out, rate=self.attention_dropout)
     if self.head_dense_kernel is not None:
       out = tf.matmul(out, self.head_dense_kernel)
     return tf.matmul(heads.combine_heads(out), self.output_kernel)

@@ -195,7 +195,8 @@ class RoutingTransformer(t2t_model.T2TModel):
       return out
 
     memory_attend = None if memory is None else (
-        lambda y, i: layers.encdec_attention(y, memory, hparams, memory_padding))
+        lambda y, i: layers.encdec_attention(y, memory, hparams, memory_padding,
+                                             train=self.is_train))
     x = self.layer_stack(x, prefix, num_layers, attend, memory_attend)
     return x, tf.add_n(losses)
 

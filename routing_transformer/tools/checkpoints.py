@@ -24,6 +24,7 @@ the model's parameter count and vocabulary size computed from the checkpoint's v
 """
 import argparse
 import collections
+import json
 import os
 import re
 import sys
@@ -47,6 +48,9 @@ variables_of = checkpoint_files.variables_of
 write_checkpoint = checkpoint_files.write_checkpoint
 
 ORIGINAL_MODEL = "sparse_transformer"
+# Written beside a converted checkpoint: it holds an original release's weights
+# (`is_original_release`).
+ORIGINAL_RELEASE_FILE = "original_release.json"
 GLOBAL_STEP = "global_step"
 # Variables stock t2t-trainer creates outside TPU (t2t_model.create_dummy_vars) and restores when
 # training resumes, with T2T's initial values; kept or added with optimizer_slots="map".
@@ -356,6 +360,8 @@ def convert(source, output_dir, hparams=None, model="routing_transformer",
   prefix = os.path.join(output_dir, "model.ckpt-%d" % step)
   write_checkpoint(prefix, tensors)
   tf1.train.update_checkpoint_state(output_dir, prefix)
+  with tf.io.gfile.GFile(os.path.join(output_dir, ORIGINAL_RELEASE_FILE), "w") as f:
+    json.dump({"checkpoint": os.path.basename(prefix), "source": source}, f)
   return report, prefix
 
 
@@ -422,6 +428,38 @@ def legacy_note(hparams):
   return ("note: share_qk=False: the original release routed causal keys by their own centroid "
           "scores; run this checkpoint with --hparams=legacy_causal_key_routing=True (decode "
           "with fast_decode=False) to compute its function.")
+
+
+def is_original_release(prefix, variables=None):
+  """Whether checkpoint `prefix` holds an original-release model: its variables carry the
+  original's names, or the converter wrote it (ORIGINAL_RELEASE_FILE beside it names it).
+
+  variables: {name: (shape, dtype)} of the checkpoint if already read.
+  """
+  variables = read_variables(prefix) if variables is None else variables
+  if any(from_original(name, ORIGINAL_MODEL) != name for name in variables):
+    return True
+  path = os.path.join(os.path.dirname(prefix), ORIGINAL_RELEASE_FILE)
+  if not tf.io.gfile.exists(path):
+    return False
+  with tf.io.gfile.GFile(path) as f:
+    return json.load(f).get("checkpoint") == os.path.basename(prefix)
+
+
+def has_routing_heads(hparams):
+  """Whether some decoder layer of `hparams` has routing heads."""
+  return bool(hparams.sparsity_cluster_num_heads and
+              hparams.sparsity_skip_first < hparams.num_decoder_layers)
+
+
+def padding_note(hparams):
+  """One line on routing_padding_as_original for a converted checkpoint with routing heads."""
+  if hparams is None or not has_routing_heads(hparams):
+    return None
+  return ("note: the original release lets padding take part in routing (cluster membership, "
+          "k-means statistics); the scorer and the probes set routing_padding_as_original=True "
+          "for this checkpoint, so inputs shorter than max_target_length score as the original "
+          "code scores them.")
 
 
 def vocab_file_size(path):
@@ -502,9 +540,9 @@ def main(argv=None):
   print(summary)
   print("wrote %s (restore with --model=%s --output_dir=%s)" % (prefix, args.model,
                                                                args.output_dir))
-  note = legacy_note(hparams)
-  if note:
-    print(note)
+  for note in (padding_note(hparams), legacy_note(hparams)):
+    if note:
+      print(note)
   return 0
 
 

@@ -12,7 +12,8 @@
 The model is built once in its own tf.compat.v1 graph and session (exactly how T2T restores
 checkpoints); callers pass strings and get numpy arrays. Checkpoints written by t2t-trainer under
 `routing_transformer/` or `sparse_transformer/`, and original-release checkpoints (renamed in
-memory through `checkpoints.LEGACY_NAMES`), are all restored.
+memory through `checkpoints.LEGACY_NAMES`), are all restored; original-release ones (raw or
+converted) route padding as the original code did (hparam routing_padding_as_original).
 
 Windows. The model sees at most L = max_target_length tokens. The tokens to score are cut into
 consecutive chunks of `stride` tokens (default L); each chunk is scored in one window of at most
@@ -96,6 +97,18 @@ def encode_text(encoder, text, pg19_lines=False):
   return ids
 
 
+def original_padding(hparams):
+  """Sets routing_padding_as_original=True on `hparams` (an original-release checkpoint: padding
+  takes part in routing as in the original code); returns the line saying so."""
+  if "routing_padding_as_original" in hparams.values():
+    hparams.set_hparam("routing_padding_as_original", True)
+  else:
+    hparams.add_hparam("routing_padding_as_original", True)
+  return ("original-release checkpoint: routing_padding_as_original=True (padding takes part in "
+          "cluster membership and k-means statistics, as in the original code; override with "
+          "--hparams=routing_padding_as_original=False)")
+
+
 def restore_map(graph_variables, stored):
   """{checkpoint name: variable} for our variables, trying our names then the original release's.
 
@@ -139,7 +152,9 @@ class Scorer(object):
       checkpoint: checkpoint prefix or directory (ours or the original release's names).
       hparams_set: registered hparams set name, or an HParams object.
       vocab: subword vocab file path, or a T2T TextEncoder (None: the problem's encoder).
-      hparams: "k=v,..." overrides of the set.
+      hparams: "k=v,..." overrides of the set. An original-release checkpoint
+        (`checkpoints.is_original_release`: original names, or written by the converter) runs
+        with routing_padding_as_original=True unless these name it; `notes` says so.
       batch_size: windows per session run.
       stride: chunk size for long texts (see module docstring); default max_target_length.
       model: "routing_transformer" or "sparse_transformer" (graph scope; both restore any names).
@@ -181,6 +196,11 @@ class Scorer(object):
     plan_windows(0, 0, self.length, stride)  # validates stride
 
     stored = checkpoints.read_variables(self.checkpoint)
+    self.notes = []  # lines about how the checkpoint is run (the CLI's JSON "notes")
+    if checkpoints.has_routing_heads(self.hparams) and \
+        "routing_padding_as_original" not in (hparams if isinstance(hparams, str) else "") and \
+        checkpoints.is_original_release(self.checkpoint, stored):
+      self.notes.append(original_padding(self.hparams))
     rows = [shape[0] for name, (shape, _) in stored.items()
             if name.endswith("/body/embeddings/embedding")]
     if not rows:
@@ -380,6 +400,8 @@ def main(argv=None):
       result["files"].append(entry)
     if len(texts) > 1:
       result["total"] = scorer.summary(texts, scores)
+    if scorer.notes:
+      result["notes"] = scorer.notes
   except (ScorerError, ValueError, tf.errors.OpError) as e:
     sys.exit("error: %s" % (e.message if isinstance(e, tf.errors.OpError) else e))
   print(json.dumps(result, indent=1))

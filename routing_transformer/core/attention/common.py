@@ -33,6 +33,27 @@ def masked_softmax(logits, allowed):
   return tf.nn.softmax(tf.where(allowed, logits, mask_value(logits.dtype)))
 
 
+def attention_dropout(probs, rate):
+  """Attention dropout on the softmax weights (hparam `attention_dropout`, TRAIN mode only).
+
+  Each weight is zeroed with probability `rate` and the others are scaled by 1 / (1 - rate),
+  before the products with the values and with the relative-value table, as the original release
+  (utils.py `dot_product_attention`, `dot_product_attention_relative`) and T2T do.
+
+  Args:
+    probs: [..., m] attention weights.
+    rate: Python float in [0, 1); 0 returns `probs` itself.
+  Returns:
+    [..., m].
+  """
+  if not rate:
+    return probs
+  if not 0.0 < rate < 1.0:
+    raise ValueError("attention dropout rate %r must be in [0, 1); set attention_dropout "
+                     "accordingly." % (rate,))
+  return tf.nn.dropout(probs, rate=rate)
+
+
 def exclude_self(allowed, is_self):
   """`allowed` without each query's own position where the row allows another key.
 
