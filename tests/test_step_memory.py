@@ -21,9 +21,16 @@ from test_model import EVAL, TRAIN, VOCAB, build, random_targets, small_hparams
 tf1 = tf.compat.v1
 
 
+def buffer_of(t):
+  """The tensor whose buffer t is: through Identity / IdentityN (which forward their inputs)."""
+  while t.op.type in ("Identity", "IdentityN"):
+    t = t.op.inputs[t.value_index if t.op.type == "IdentityN" else 0]
+  return t
+
+
 def saved_for_backward(graph, size):
-  """Names of the forward tensors of `size` elements that gradient ops read (what the forward
-  pass must keep alive for the backward pass)."""
+  """Names of the forward tensors (buffers) of `size` elements that gradient ops read: what the
+  forward pass must keep alive for the backward pass."""
   saved = set()
   for op in graph.get_operations():
     if not op.name.startswith("gradients"):
@@ -31,7 +38,7 @@ def saved_for_backward(graph, size):
     for t in op.inputs:
       if (not t.op.name.startswith("gradients") and t.dtype.is_floating and
           t.shape.is_fully_defined() and t.shape.num_elements() == size):
-        saved.add(t.name)
+        saved.add(buffer_of(t).name)
   return saved
 
 
@@ -57,8 +64,9 @@ def ffn_and_plain(rng, dtype, plain=False):
   (or, plain=True, of plain_geglu on the same variables) in a new graph."""
   graph = tf.Graph()
   with graph.as_default():
+    tf1.set_random_seed(3)  # the same initial values in both graphs (the same ops before them)
     x = tf.constant(rng.standard_normal((2, 5, 8)), dtype)
-    with tf1.variable_scope("ffn", initializer=tf1.random_normal_initializer(0.0, 0.5, seed=3)):
+    with tf1.variable_scope("ffn", initializer=tf1.random_normal_initializer(0.0, 0.5)):
       y = layers.ffn(x, FFN, train=True)
     kernels = [v for v in tf1.global_variables() if v.name.startswith("ffn/weight")]
     assert [v.name for v in kernels] == ["ffn/weight%d/kernel:0" % i for i in (1, 2, 3)]
@@ -218,6 +226,13 @@ def test_chunked_loss_refuses_what_it_does_not_compute(rng):
     with pytest.raises(model_lib.HParamsError, match="targets_mask.*logits_chunk_size=0"):
       build(small_hparams(logits_chunk_size=16), TRAIN, features)
   assert small_hparams().logits_chunk_size == 0  # off by default (and in every paper set)
+  with pytest.raises(model_lib.HParamsError, match="logits_chunk_size=-1 must be 0"):
+    model_lib.check_hparams(small_hparams(logits_chunk_size=-1))
+  long = small_hparams(max_length=1024, max_target_length=1024, logits_chunk_size=2)
+  with pytest.raises(model_lib.HParamsError, match="at least 4: at most 256 chunks"):
+    model_lib.check_hparams(long)
+  long.logits_chunk_size = 4
+  model_lib.check_hparams(long)
 
 
 # --- q/k/v per head kind ----------------------------------------------------------------------
@@ -416,3 +431,29 @@ def test_causal_window_scores_1_5_w_keys(rng, window, keys):
   assert widths == {keys}
   assert not masked_products and len(diagonals) == 1
 
+
+
+# --- the benchmark's useful FLOPs ---------------------------------------------------------------
+
+def test_useful_flops_per_token_hand_numbers():
+  """benchmarks/train_step.py's count: bench-8k routing is 121 MFLOP/token (the figure of the
+  performance issue); causal block pairs by hand."""
+  import os  # pylint: disable=g-import-not-at-top
+  import sys  # pylint: disable=g-import-not-at-top
+  sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                  "benchmarks"))
+  import train_step  # pylint: disable=g-import-not-at-top
+  assert train_step.causal_pairs(8, 4, 4) == (0 + 10) + (16 + 10)
+  assert train_step.causal_pairs(8, 4, 8) == 36  # the flange is cut at the start
+  n = 8192
+  local_pairs = train_step.causal_pairs(n, 256, 256)
+  assert local_pairs == 256 * 256 * 31 + 32 * 256 * 257 // 2
+  layer = (4 * 2 * 512 ** 2 + 2 * 8 * 64 ** 2 + 3 * 2 * 512 * 2048 +
+           6 * local_pairs * 8 * 64 / n + 2 * (16 * 512 * 513 // 2 * 8 * 64 + 2 * 64 * 16 * n) / n)
+  per_token = 3 * (2 * 512 * 512 + 4 * layer + 2 * 512 * 256)
+  routing = train_step.model_hparams("routing", n)
+  assert train_step.useful_flops_per_token(routing, 256) == pytest.approx(per_token, rel=1e-12)
+  assert round(per_token / 1e6) == 121
+  full = train_step.model_hparams("full", 1024)
+  assert full.full_attention and full.sparsity_cluster_num_heads == 0
+  assert train_step.model_hparams("routing", 32768).sparsity_cluster_size == 64

@@ -35,6 +35,9 @@ from tensor2tensor.utils import t2t_model
 tf1 = tf.compat.v1
 
 
+MAX_LOGITS_CHUNKS = 256  # logits_chunk_size: chunks per sequence (each adds ops to the graph)
+
+
 class HParamsError(ValueError):
   """Inconsistent hparams; the message names the hparam and the fix."""
 
@@ -80,6 +83,11 @@ def check_hparams(hparams, length=None):
   if hparams.get("routing_logit_scale", "none") not in ("none", "rsqrt_depth", "learned"):
     problems.append("routing_logit_scale=%r is not supported; use 'none' (paper), "
                     "'rsqrt_depth' or 'learned'" % hparams.routing_logit_scale)
+  chunk = hparams.get("logits_chunk_size", 0)
+  if chunk < 0 or (chunk and -(-length // chunk) > MAX_LOGITS_CHUNKS):
+    problems.append("logits_chunk_size=%d must be 0 (off) or at least %d: at most %d chunks of "
+                    "the length %d (each chunk adds a copy of the output layer to the graph)"
+                    % (chunk, -(-length // MAX_LOGITS_CHUNKS), MAX_LOGITS_CHUNKS, length))
   if hparams.routing_mode not in ("topk", "causal_window"):
     problems.append("routing_mode=%r is not supported; use 'topk' (paper routing) or "
                     "'causal_window' (strictly causal)" % hparams.routing_mode)
