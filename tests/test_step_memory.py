@@ -228,7 +228,8 @@ def test_chunked_loss_refuses_what_it_does_not_compute(rng):
   assert small_hparams().logits_chunk_size == 0  # off by default (and in every paper set)
   with pytest.raises(model_lib.HParamsError, match="logits_chunk_size=-1 must be 0"):
     model_lib.check_hparams(small_hparams(logits_chunk_size=-1))
-  long = small_hparams(max_length=1024, max_target_length=1024, logits_chunk_size=2)
+  long = small_hparams(max_length=1024, max_target_length=1024, sparsity_cluster_size=64,
+                       logits_chunk_size=2)
   with pytest.raises(model_lib.HParamsError, match="at least 4: at most 256 chunks"):
     model_lib.check_hparams(long)
   long.logits_chunk_size = 4
