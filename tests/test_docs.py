@@ -1042,6 +1042,7 @@ WRITERS = [
     ("benchmarks/long_range_quality.py", "output", ["benchmarks/long_range_quality.py"], "TASKS"),
     ("benchmarks/attention.py", "out", ["benchmarks/attention.py"], None),
     ("benchmarks/train_step.py", "out", ["benchmarks/train_step.py"], None),
+    ("benchmarks/train_memory.py", "out", ["benchmarks/train_memory.py"], None),
     ("benchmarks/tiny_step_profile.py", "out", ["benchmarks/tiny_step_profile.py"], None),
     ("benchmarks/decode.py", "out", ["benchmarks/decode.py"], None),
     ("benchmarks/peers.py", "out", ["benchmarks/peers.py"], None),
