@@ -21,7 +21,7 @@ from routing_transformer.tools.probes.errors import ProbeError
 # The annotated book Sun et al. (2021, footnote 3) left out of PG-19 validation (49 of 50 books
 # remain): its id (the Project Gutenberg ebook number, which PG-19 uses as book id) and its title.
 CANTERBURY = ("2383", "The Canterbury Tales and Other Poems")
-DEFAULT_EXCLUDE = {"validation": CANTERBURY}
+DEFAULT_EXCLUDE = {"dev": CANTERBURY}  # by datagen split name: --split=validation or dev
 SPLITS = {"train": "train", "validation": "dev", "dev": "dev", "test": "test"}
 
 Book = collections.namedtuple("Book", ["book_id", "title", "ids", "words", "chars"])
@@ -76,7 +76,7 @@ def load_books(books_dir, split, encoder, exclude=(), default_exclude=True, cach
     split: "validation" (or "dev"), "test" or "train".
     encoder: the checkpoint's T2T text encoder.
     exclude: ids or titles to leave out; each must name a book of the split.
-    default_exclude: also leave out DEFAULT_EXCLUDE[split], Sun et al.'s choice: "The
+    default_exclude: also leave out DEFAULT_EXCLUDE of the split, Sun et al.'s choice: "The
       Canterbury Tales and Other Poems" of validation, matched by id or normalized title; a
       ProbeError naming the fix when the split has no such book.
     cache_dir: where to cache the encodings (None: no cache).
@@ -108,13 +108,13 @@ def load_books(books_dir, split, encoder, exclude=(), default_exclude=True, cach
     if not any(matches(i, source.titles.get(i), name) for i, _ in listed):
       raise ProbeError("--exclude=%s names no book of %s/%s; give a book id or its title as in "
                        "metadata.csv" % (name, books_dir, split))
-  default = DEFAULT_EXCLUDE.get(split) if default_exclude else None
+  default = DEFAULT_EXCLUDE.get(SPLITS[split]) if default_exclude else None
   if default:
     if not any(matches(i, source.titles.get(i), name) for i, _ in listed for name in default):
       raise ProbeError(
           "--books_dir=%s --split=%s has no '%s' (id %s, or that title in metadata.csv) to leave "
-          "out as Sun et al. did; pass --exclude=ID with its id if metadata.csv names it "
-          "otherwise, or --no_default_exclude to keep every book" % (
+          "out as Sun et al. did; pass --no_default_exclude to keep every book (with "
+          "--exclude=ID if the book is there under another id and title)" % (
               books_dir, split, default[1], default[0]))
     names += list(default)
   key = "%s-%s" % (vocab_key(encoder), reading)
