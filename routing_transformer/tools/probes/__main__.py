@@ -226,7 +226,7 @@ def main(argv=None):
                          scale=probe.word_scale(books, args.word_scale), profile=args.profile,
                          bootstrap=args.bootstrap, batch_size=args.batch_size,
                          t2t_usr_dir=args.t2t_usr_dir, vocab=encoder, probes=args.probes,
-                         options=options_of(args))
+                         options=options_of(args), reading=args.reading)
     speed = [v["input_tokens_per_s"] for m in result["models"].values()
              for v in m["speed"].values()] or [None]
     from hparams import sets  # pylint: disable=g-import-not-at-top
@@ -242,7 +242,6 @@ def main(argv=None):
                          for s, (l, hp) in zip(specs, found)}}}
     result["protocol"]["excluded"] = [list(e) for e in excluded]
     result["protocol"]["split"] = args.split
-    result["protocol"]["reading"] = args.reading
     paths = report.write(result, args.output)
   except ProbeError as e:
     sys.exit("error: %s" % e)

@@ -48,7 +48,7 @@ def run(output, books_dir, data_dir, routing=("routing", "pg19_local_cluster_tin
   result = probe.probe(specs, books, encoder, lengths, max(lengths), out_dir,
                        num_targets=inputs * 10, seed=seed, far_threshold=threshold,
                        scale=probe.word_scale(books, "exact"), batch_size=batch_size,
-                       stream=None)
+                       stream=None, reading=reading)
   paths = report.write(result, out_dir)
   seconds = time.time() - started
   passes = len(specs) * len(lengths) * result["protocol"]["inputs"]

@@ -120,7 +120,7 @@ def probe(specs, books, encoder, lengths, model_length, out_dir, span=PAPER_SPAN
           num_targets=PAPER_TARGETS, seed=0, far_threshold=2048, frequent_fraction=0.1,
           frequency_corpus=None, scale=report.WORD_SCALE, profile=PROFILE, bootstrap=1000,
           batch_size=1, make_score_fn=None, t2t_usr_dir=None, vocab=None, stream="stderr",
-          extra=None, probes=("token",), options=None):
+          extra=None, probes=("token",), options=None, reading="lines"):
   """Runs the probes for every model spec; returns the result dict (report.write writes it).
 
   Args:
@@ -140,6 +140,8 @@ def probe(specs, books, encoder, lengths, model_length, out_dir, span=PAPER_SPAN
     probes: some of runners.PROBES ("token", "perturb", "copy", "suffix"); the others run at
       the largest N on the same examples and targets (runners.plan).
     options: keyword arguments of runners.plan (m and d lists, runs, kinds, suffix settings).
+    reading: how the books were read (`problems.pg19_reading`; data.load_books), passed to the
+      default scorers.
   """
   probes = runners.parse_probes(probes)
   lengths = sorted(set(int(n) for n in lengths))
@@ -160,7 +162,7 @@ def probe(specs, books, encoder, lengths, model_length, out_dir, span=PAPER_SPAN
     def make_score_fn(spec):
       return scoring.make_score_fn(scoring.build_scorer(
           spec.checkpoint, spec.hparams_set, vocab if vocab is not None else encoder,
-          spec.hparams, spec.as_local, batch_size, t2t_usr_dir))
+          spec.hparams, spec.as_local, batch_size, t2t_usr_dir, reading=reading))
   started = time.time()
   nll, seconds, other = {}, {}, {}
   ids = [b.ids for b in books]
@@ -198,7 +200,7 @@ def probe(specs, books, encoder, lengths, model_length, out_dir, span=PAPER_SPAN
       "books": [[b.book_id, b.title, int(len(b.ids)), b.words] for b in books],
       "lengths": lengths, "span": list(span), "k": k, "inputs": len(examples.end),
       "targets": int(examples.targets.size), "seed": seed, "far_threshold": far_threshold,
-      "categories_from_length": max(lengths),
+      "categories_from_length": max(lengths), "reading": reading,
       "frequent_fraction": frequent_fraction,
       "frequency_corpus": "probed books" if frequency_corpus is None else "given corpus",
       "frequent_types": int(frequent.sum()), "word_scale": scale, "offsets": offsets,
