@@ -20,7 +20,9 @@ t2t-trainer, which also gets the bookkeeping variables it restores: `TRAINER_STA
 An hparams.json beside the checkpoint is compared with --hparams_set (one report naming every
 difference), or used to build the hparams with --hparams_json=use (`hparams_json`). The tool prints
 the model's parameter count and vocabulary size computed from the checkpoint's variables (and the
---vocab file's subword count), never from a file name.
+--vocab file's subword count), never from a file name, and which layers have clustering (routing)
+heads: those holding k-means centroids (the released PG-19 model: only the top layer, 21 of 22,
+as `sparsity_skip_first=21` of its set says).
 """
 import argparse
 import collections
@@ -502,6 +504,59 @@ def model_summary(variables, report):
   return text
 
 
+_LAYER = re.compile(r"/body/(decoder|encoder)_layer_(\d+)/")
+
+
+def _ranges(indices):
+  """"0-20, 22" of sorted ints."""
+  out, start = [], None
+  for i, x in enumerate(indices):
+    if start is None:
+      start = x
+    if i + 1 == len(indices) or indices[i + 1] != x + 1:
+      out.append(str(start) if start == x else "%d-%d" % (start, x))
+      start = None
+  return ", ".join(out)
+
+
+def routing_layers(names_and_shapes):
+  """{stack: (all layer indices, {routing layer index: (heads, clusters)})} of our variable names
+  (stack "decoder" or "encoder"): a layer has clustering (routing) heads when its self-attention
+  holds k-means centroids `routing/cluster_attention/means` [heads, clusters, depth]."""
+  out = {}
+  for name, shape in names_and_shapes.items():
+    found = _LAYER.search(name)
+    if not found:
+      continue
+    layers, routing = out.setdefault(found.group(1), (set(), {}))
+    layers.add(int(found.group(2)))
+    if name.endswith("/self_attention/routing/cluster_attention/means"):
+      routing[int(found.group(2))] = tuple(int(x) for x in shape[:2])
+  return out
+
+
+def routing_summary(variables, report):
+  """One line: which layers have clustering (routing) heads, read from the written variables
+  (the layers with k-means centroids), e.g. "clustering (routing) heads: decoder layer 21 of 22
+  (2 heads x 16 clusters); layers 0-20: local heads only" for the released PG-19 model."""
+  shapes = {ours: variables[orig][0] for orig, ours in report.renamed.items()}
+  parts = []
+  for stack, (layers, routing) in sorted(routing_layers(shapes).items()):
+    if not routing:
+      parts.append("none of the %d %s layers" % (len(layers), stack))
+      continue
+    kinds = sorted(set(routing.values()))
+    with_routing = sorted(routing)
+    local = sorted(layers - set(routing))
+    text = "%s layer%s %s of %d (%s)" % (
+        stack, "s" if len(with_routing) > 1 else "", _ranges(with_routing), len(layers),
+        ", ".join("%d heads x %d clusters" % k for k in kinds))
+    if local:
+      text += "; layer%s %s: local heads only" % ("s" if len(local) > 1 else "", _ranges(local))
+    parts.append(text)
+  return "clustering (routing) heads: " + ("; ".join(parts) or "no layers found")
+
+
 def main(argv=None):
   parser = argparse.ArgumentParser(
       prog="python -m routing_transformer.tools.checkpoints",
@@ -538,6 +593,7 @@ def main(argv=None):
     sys.exit("error: %s" % (e.message if isinstance(e, tf.errors.OpError) else e))
   print(describe(report))
   print(summary)
+  print(routing_summary(variables, report))
   print("wrote %s (restore with --model=%s --output_dir=%s)" % (prefix, args.model,
                                                                args.output_dir))
   for note in (padding_note(hparams), legacy_note(hparams)):

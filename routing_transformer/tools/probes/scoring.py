@@ -38,11 +38,13 @@ def local_receptive_field(hparams):
 
 
 def build_scorer(checkpoint, hparams_set, vocab=None, hparams="", as_local=False, batch_size=1,
-                 t2t_usr_dir=None, hparams_json="check", problem=None, data_dir=None):
+                 t2t_usr_dir=None, hparams_json="check", problem=None, data_dir=None,
+                 reading="lines"):
   """A score.Scorer restored once; as_local: the derived local model of the same checkpoint.
 
   The hparams (set, overrides, hparams.json beside the checkpoint) are resolved and checked
-  as the Scorer does; the as_local override is applied after that check.
+  as the Scorer does; the as_local override is applied after that check. `reading`: how the
+  books were read (`problems.pg19_reading`), checked against the vocabulary.
   """
   from routing_transformer.tools import checkpoints  # pylint: disable=g-import-not-at-top
   from routing_transformer.tools import score  # pylint: disable=g-import-not-at-top
@@ -60,7 +62,7 @@ def build_scorer(checkpoint, hparams_set, vocab=None, hparams="", as_local=False
     hp.parse(as_local_overrides(hp))
   try:
     scorer = score.Scorer(prefix, hp, vocab, batch_size=batch_size, problem=problem,
-                          data_dir=data_dir, hparams_json="ignore")
+                          data_dir=data_dir, hparams_json="ignore", reading=reading)
   except score.ScorerError as e:
     raise ProbeError("%s: %s" % (checkpoint, e))
   for note in scorer.notes:  # e.g. routing_padding_as_original for original-release checkpoints
