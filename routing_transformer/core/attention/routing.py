@@ -252,8 +252,8 @@ def cluster_attention(aux, v, window, causal, key_padding=None, relative_keys=No
 
 def routing_attention(q, k, v, centroids, window, causal=True, share_qk=True, padding=None,
                       relative_keys=None, relative_values=None, random_routing=False,
-                      exclude_self=False, logit_scale=None, legacy_causal_key_routing=False,
-                      dropout_rate=0.0, padding_as_original=False):
+                      exclude_self=False, logit_scale=None, dropout_rate=0.0,
+                      padding_as_original=False):
   """Content-based sparse attention inside balanced clusters (SPEC section 2).
 
   Args:
@@ -273,9 +273,6 @@ def routing_attention(q, k, v, centroids, window, causal=True, share_qk=True, pa
       when its cluster allows it another key (`common.exclude_self`).
     logit_scale: extension: None (the paper's unscaled q_hat . k_hat logits), a float or a
       per-head [h] tensor multiplying the logits (relative logits included).
-    legacy_causal_key_routing: the original release's rule for causal mode with share_qk=False,
-      for its checkpoints (`legacy.causal_key_routing_attention`); no effect with share_qk or
-      non-causal.
     dropout_rate: attention dropout on the weights (hparam `attention_dropout` in TRAIN mode).
     padding_as_original: padding as the original release treats it (`padding_roles`).
   Returns:
@@ -289,12 +286,6 @@ def routing_attention(q, k, v, centroids, window, causal=True, share_qk=True, pa
       "query_indices", "key_indices": int32 [b, h, c, w] cluster members,
       "member_count", "self_weight": [b, h, n] diagnostics (`routing_statistics`).
   """
-  if legacy_causal_key_routing and causal and not share_qk:
-    # pylint: disable=g-import-not-at-top
-    from routing_transformer.core.attention import legacy  # legacy builds on this module
-    return legacy.causal_key_routing_attention(
-        q, k, v, centroids, window, padding, relative_keys, relative_values, random_routing,
-        exclude_self, logit_scale, dropout_rate, padding_as_original)
   q_hat, k_hat, v, mu, pad, rel_k, rel_v = normalised_inputs(
       q, k, v, centroids, window, share_qk, padding, relative_keys, relative_values,
       "routing_attention")
