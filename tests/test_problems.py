@@ -238,7 +238,7 @@ def test_pg19_whole_text_reading_is_a_named_option(pg19, tmp_path, monkeypatch):
   whole = text_encoder.SubwordTextEncoder()
   whole.build_from_token_counts({"the": 9, "book": 9, ".\n": 9, "\n\n": 9}, min_count=1)
   assert pg19_reading.newline_subwords(whole)
-  whole.store_to_file(str(tmp_path / "vocab.pg19_length8k.%d.subwords" % PG19_VOCAB))
+  whole.store_to_file(str(tmp_path / ("vocab.pg19_length8k.%d.subwords" % PG19_VOCAB)))
   monkeypatch.setenv("PG19_READING", "lines")
   with pytest.raises(DataError, match="built from whole texts.*PG19_READING=whole_text"):
     problem.generate_data(str(tmp_path), "/nonexistent")
