@@ -8,7 +8,7 @@ model was trained), over all non-padding target tokens (EOS included). The probl
 total into its figures (`problems.lm.LanguageModelProblem.report`): subword and word-level
 perplexity and bits per word for PG-19 (official word counts for the full validation/test
 split), bits per byte for enwik8, perplexity for WikiText-103, bits per dimension for images.
-Prints one JSON object; progress goes to the log.
+Prints one JSON object; progress lines go to stderr.
 """
 import json
 import math
@@ -96,9 +96,10 @@ def evaluate(problem_name, hparams_set, checkpoint, data_dir, split="dev",
         examples += len(batch_nll)
         if time.time() - last >= log_every:
           last = time.time()
-          tf.logging.info("evaluate %s %s: %d examples, %d tokens, %.0f tokens/s, "
-                          "%.4f nats/token", problem_name, split, examples, tokens,
-                          tokens / (last - start), total_nll / max(tokens, 1))
+          sys.stderr.write("[evaluate] %s %s: %d examples, %d tokens, %.0f tokens/s, "
+                           "%.4f nats/token\n" % (problem_name, split, examples, tokens,
+                                                   tokens / (last - start),
+                                                   total_nll / max(tokens, 1)))
   stats = {}
   if hasattr(problem, "split_stats") and not max_examples:  # datagen's counts (words, books)
     stats = problem.split_stats(data_dir, split)           # describe the whole split only
@@ -146,7 +147,6 @@ def main(argv):
   from routing_transformer.t2t import glue as t2t_glue  # pylint: disable=g-import-not-at-top
   t2t_glue.install_error_hook()  # one-line errors, e.g. a bad --t2t_usr_dir entry
   _register(FLAGS.t2t_usr_dir)
-  tf.logging.set_verbosity(tf.logging.INFO)
   report = evaluate(FLAGS.problem, FLAGS.hparams_set, FLAGS.checkpoint, FLAGS.data_dir,
                     FLAGS.split, FLAGS.model, FLAGS.hparams, FLAGS.batch_size,
                     FLAGS.max_examples or None, t2t_usr_dir=FLAGS.t2t_usr_dir)
