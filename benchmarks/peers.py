@@ -14,13 +14,17 @@ the same intra-op thread count (--threads, default: all cores):
   one step = forward over `length` tokens, cross-entropy + its auxiliary (commitment) loss,
   backward (its k-means EMA update runs in the backward hook), torch.optim.Adafactor.
 - ours: the "routing" (topk) model of benchmarks/train_step.py (the whole T2T training step with
-  Adafactor); --ours adds variants (routing_recompute: recompute_layers=True; routing_norel:
+  Adafactor); --ours adds variants (routing_recompute: recompute_layers=True; routing_chunked:
+  logits_chunk_size=1024; routing_recompute_chunked: both; routing_norel:
   max_relative_position=0; local: 8 local heads).
 
 Every configuration runs in its own process (ours in this venv, the peer in its venv), and each
 reports the same memory measure: the peak resident set size of its process (ru_maxrss / VmHWM).
 The same invocation records the CPU model and the dense fp32 matmul rate (2048^3) of TensorFlow
 and of PyTorch, each in its own process too, so ratios are read against the same machine.
+Utilisation = useful FLOP/s (train_step.useful_flops_per_token of our bench-8k model x tokens/s;
+the same count for the peer, whose model is bench-8k without Shaw relative positions) / the
+dense matmul rate of the side's own framework.
 
 Prints one JSON line per record, the ratios ours / peer, a markdown table, and writes
 benchmarks/results/peers.json.
@@ -62,9 +66,13 @@ def peer_python(venv=PEER_VENV):
   return python
 
 
+LOGITS_CHUNK = 1024  # logits_chunk_size of the *_chunked variants
 OURS = {  # name -> (train_step.py model, hparams overrides)
     "routing": ("routing", {}),
     "routing_recompute": ("routing", {"recompute_layers": True}),
+    "routing_chunked": ("routing", {"logits_chunk_size": LOGITS_CHUNK}),
+    "routing_recompute_chunked": ("routing", {"recompute_layers": True,
+                                              "logits_chunk_size": LOGITS_CHUNK}),
     "routing_norel": ("routing", {"max_relative_position": 0}),
     "local": ("local", {}),
 }
@@ -159,6 +167,8 @@ def ours_worker(name, steps, length, threads, warmup):
           "tokens_per_sec": length / seconds, "peak_rss_mb": common.peak_rss_mb(),
           "graph_build_seconds": build, "first_step_seconds": first,
           "tf_cpu_allocator_bfc": os.environ.get("TF_CPU_ALLOCATOR_USE_BFC", ""),
+          "useful_flops_per_token": train_step.useful_flops_per_token(
+              train_step.model_hparams(model, length, overrides), train_step.VOCAB),
           "parameters": params, "steps": steps}
 
 
@@ -222,24 +232,35 @@ def main(argv=None):
     mine[name] = run_worker(sys.executable, "ours", args, name)
     common.emit(mine[name])
   ratios = {"record": "ratio"}
+  import train_step  # pylint: disable=g-import-not-at-top
+  flops = train_step.useful_flops_per_token(train_step.model_hparams("routing", args.length),
+                                            train_step.VOCAB)  # the bench-8k routing model's
   for name, r in mine.items():
     ratios["tokens_per_sec_%s_over_peer" % name] = r["tokens_per_sec"] / peer["tokens_per_sec"]
     ratios["peak_rss_%s_over_peer" % name] = r["peak_rss_mb"] / peer["peak_rss_mb"]
+    r["utilisation"] = (r["tokens_per_sec"] * r["useful_flops_per_token"] /
+                        (matmul["tensorflow"]["gflops"] * 1e9))
+  peer["utilisation"] = peer["tokens_per_sec"] * flops / (matmul["pytorch"]["gflops"] * 1e9)
+  ratios["utilisation_peer"] = peer["utilisation"]
+  for name, r in mine.items():
+    ratios["utilisation_%s" % name] = r["utilisation"]
   ratios["matmul_tensorflow_over_pytorch"] = (matmul["tensorflow"]["gflops"] /
                                               matmul["pytorch"]["gflops"])
   common.emit(ratios)
   print("\n%s, %d threads, %s; dense fp32 matmul %d^3: TensorFlow %.0f GFLOP/s, PyTorch %.0f "
         "GFLOP/s" % (info["cpu_model"], args.threads, info["date"], MATMUL,
                      matmul["tensorflow"]["gflops"], matmul["pytorch"]["gflops"]))
-  print("\n| implementation | s/step | tokens/s | peak process RSS | graph build | parameters |"
-        "\n|---|---|---|---|---|---|")
+  print("\n| implementation | s/step | tokens/s | peak process RSS | utilisation | graph build | "
+        "parameters |\n|---|---|---|---|---|---|---|")
   for name, r in mine.items():
-    print("| ours: %s (TF %s, T2T step, Adafactor) | %.2f | %.0f | %.2f GiB | %.0f s | %s |" % (
-        r["model"], r["tensorflow"], r["seconds_per_step"], r["tokens_per_sec"],
-        r["peak_rss_mb"] / 1024.0, r["graph_build_seconds"], "{:,}".format(r["parameters"])))
-  print("| peer: routing-transformer 1.6.1 (PyTorch %s, Adafactor) | %.2f | %.0f | %.2f GiB | - "
-        "| %s |" % (peer["torch"], peer["seconds_per_step"], peer["tokens_per_sec"],
-                    peer["peak_rss_mb"] / 1024.0, "{:,}".format(peer["parameters"])))
+    print("| ours: %s (TF %s, T2T step, Adafactor) | %.2f | %.0f | %.2f GiB | %.2f | %.0f s | %s |"
+          % (r["model"], r["tensorflow"], r["seconds_per_step"], r["tokens_per_sec"],
+             r["peak_rss_mb"] / 1024.0, r["utilisation"], r["graph_build_seconds"],
+             "{:,}".format(r["parameters"])))
+  print("| peer: routing-transformer 1.6.1 (PyTorch %s, Adafactor) | %.2f | %.0f | %.2f GiB | %s "
+        "| - | %s |" % (peer["torch"], peer["seconds_per_step"], peer["tokens_per_sec"],
+                        peer["peak_rss_mb"] / 1024.0, "%.2f" % peer["utilisation"],
+                        "{:,}".format(peer["parameters"])))
   for name in mine:
     print("\nours (%s) / peer: tokens/s %.2f, peak RSS %.2f" % (
         name, ratios["tokens_per_sec_%s_over_peer" % name],

@@ -106,5 +106,8 @@ def sparse_transformer_local():
       # Recompute each block's activations in the backward pass (memory: the block inputs plus
       # one block's activations); the k-means update still happens once per step.
       recompute_layers=False,  # True: skip corrupt/truncated TFRecords with a warning
+      # Training loss from the output projection this many positions at a time, recomputed in
+      # the backward pass (never the whole [batch, length, vocab] logits); 0: off.
+      logits_chunk_size=0,
   )
   return hparams

@@ -9,12 +9,14 @@ with and without `recompute_layers` and with float32 or bfloat16 activations:
   optimizer   Adafactor slots (beta1 = 0: factored second moments vr + vc for matrices, v for
               vectors) and the k-means state (means, ema_count, ema_means)
   activations the forward tensors the backward pass reads, counted per op as our TF graph
-              saves them (no fusion): per block its input, q/k/v, the local heads' key/value memory
+              saves them (no fusion): per block its input, q/k/v (with share_qk without the
+              routing heads' keys, which are not computed), the local heads' key/value memory
               blocks (block + flange), attention probabilities, the head_dense / output_transform
-              inputs, both post-norm LayerNorms, the FFN input and GEGLU's intermediates (gelu's
-              input, tanh and cdf, gelu output, the linear branch, their product); outside the
+              inputs, both post-norm LayerNorms, the FFN input and GEGLU's two matmul outputs
+              x W1 and x W2 (its custom gradient recomputes gelu and the product); outside the
               blocks the embeddings and the logits over the vocabulary (logits and the softmax the
-              cross-entropy gradient reads, float32).
+              cross-entropy gradient reads, float32; with --logits_chunk_size those of one chunk
+              of positions).
               With recompute: the block inputs (checkpoints) + one block's other activations (the
               block being re-run) + the embeddings and logits.
   total       params + grads + optimizer + activations
@@ -24,7 +26,7 @@ probabilities, LayerNorm statistics and the logits/softmax in float32 (the softm
 loss stay float32). Boolean masks, scalars and transient buffers (the gradient of the tensor being
 differentiated, XLA scratch) are not counted: an estimate of what stays alive, not a bound.
 
-Usage: python scripts/memory_estimate.py [--vocab 32768] [--length 8192]
+Usage: python scripts/memory_estimate.py [--vocab 32768] [--length 8192] [--logits_chunk_size 0]
 """
 import argparse
 
@@ -35,7 +37,7 @@ PG19_LOCAL_CLUSTER8K = dict(
     length=8192, hidden=1032, embedding=1032, filter=4096, layers=22, local_heads=6,
     routing_heads=2, skip_first=21, clusters=16, window=512, block=256, flange=256,
     max_relative_position=513, local_relative=True, routing_relative=True, head_dense=True,
-    ffn="geglu", ema=True)
+    ffn="geglu", ema=True, share_qk=True)
 VOCAB = 32768  # the released vocabulary, vocab.pg19_length8k.32768.subwords
 
 
@@ -52,7 +54,7 @@ def config_from_hparams(hp):
       window=hp.sparsity_cluster_attention_window, block=length if full else hp.query_shape[0],
       flange=0 if full else hp.memory_flange[0], max_relative_position=hp.max_relative_position,
       local_relative=hp.local_relative, routing_relative=hp.sparsity_cluster_relative,
-      head_dense=hp.head_dense, ffn=hp.ffn_layer, ema=hp.ema)
+      head_dense=hp.head_dense, ffn=hp.ffn_layer, ema=hp.ema, share_qk=hp.share_qk)
 
 
 def layer_heads(cfg, i):
@@ -118,7 +120,7 @@ def layer_activation_bytes(cfg, i, act, f32=4):
   memory_width = cfg["flange"] + cfg["block"]  # causal: the block and its flange
   out = {
       "block input": n * h * act,
-      "q, k, v": 3 * n * h * act,
+      "q, k, v": (3 * h - (routing * d if cfg["share_qk"] else 0)) * n * act,
       "local key/value memory blocks": 2 * local * n * (memory_width // cfg["block"]) * d * act,
       "local attention probabilities": local * n * memory_width * f32,
       "routing q_hat and gathered q, v": routing * 3 * n * d * act if routing else 0,
@@ -127,19 +129,20 @@ def layer_activation_bytes(cfg, i, act, f32=4):
       "head_dense / output_transform inputs": 2 * n * h * act,
       "post-norm LayerNorms": 2 * 2 * n * h * f32,
       "ffn input": n * h * act,
-      "ffn intermediates": (6 if cfg["ffn"] == "geglu" else 2) * n * f * act,
+      "ffn intermediates": 2 * n * f * act,  # GEGLU: x W1, x W2; else relu in and out
   }
   return out
 
 
-def outside_activation_bytes(cfg, vocab, act, f32=4):
+def outside_activation_bytes(cfg, vocab, act, f32=4, logits_chunk=0):
   n = cfg["length"]
+  rows = min(n, logits_chunk) if logits_chunk else n
   return {"embeddings": 2 * n * cfg["embedding"] * act,
           "final_dense input": n * cfg["embedding"] * act,
-          "logits and softmax (float32)": 2 * n * vocab * f32}
+          "logits and softmax (float32)": 2 * rows * vocab * f32}
 
 
-def estimate(cfg, vocab=VOCAB, recompute=False, bf16=False):
+def estimate(cfg, vocab=VOCAB, recompute=False, bf16=False, logits_chunk=0):
   """Bytes per device of one training step; see the module docstring."""
   act = 2 if bf16 else 4
   shapes = variable_shapes(cfg, vocab)
@@ -147,7 +150,7 @@ def estimate(cfg, vocab=VOCAB, recompute=False, bf16=False):
   slots = sum(adafactor_slot_elements(s) for _, s, trainable in shapes if trainable) * 4
   kmeans = sum(_size(s) for _, s, trainable in shapes if not trainable) * 4
   layers = [layer_activation_bytes(cfg, i, act) for i in range(cfg["layers"])]
-  outside = sum(outside_activation_bytes(cfg, vocab, act).values())
+  outside = sum(outside_activation_bytes(cfg, vocab, act, logits_chunk=logits_chunk).values())
   checkpoints = sum(layer["block input"] for layer in layers)
   # The block being re-run: everything it saves but its input (already a checkpoint).
   one_layer = max(sum(layer.values()) - layer["block input"] for layer in layers)
@@ -167,16 +170,19 @@ def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   parser.add_argument("--vocab", type=int, default=VOCAB)
   parser.add_argument("--length", type=int, default=PG19_LOCAL_CLUSTER8K["length"])
+  parser.add_argument("--logits_chunk_size", type=int, default=0,
+                      help="positions per chunk of the output projection + loss (0: whole)")
   args = parser.parse_args(argv)
   cfg = dict(PG19_LOCAL_CLUSTER8K, length=args.length)
-  print("pg19_local_cluster8k, one sequence of %d tokens per device, vocab %d (%s parameters)"
-        % (cfg["length"], args.vocab,
-           "{:,}".format(estimate(cfg, args.vocab)["parameters"])))
+  print("pg19_local_cluster8k, one sequence of %d tokens per device, vocab %d (%s parameters), "
+        "logits_chunk_size %d" % (cfg["length"], args.vocab,
+                                  "{:,}".format(estimate(cfg, args.vocab)["parameters"]),
+                                  args.logits_chunk_size))
   print("\n| recompute_layers | activations | params | grads | Adafactor + k-means | "
         "activations (blocks + outside) | total GiB |\n|---|---|---|---|---|---|---|")
   for recompute in (False, True):
     for bf16 in (False, True):
-      e = estimate(cfg, args.vocab, recompute, bf16)
+      e = estimate(cfg, args.vocab, recompute, bf16, args.logits_chunk_size)
       print("| %s | %s | %.2f | %.2f | %.3f | %.2f (%.2f + %.2f) | **%.2f** |" % (
           recompute, "bfloat16" if bf16 else "float32", e["params"] / GIB, e["grads"] / GIB,
           e["optimizer"] / GIB, e["activations"] / GIB, e["block_activations"] / GIB,

@@ -1043,6 +1043,7 @@ WRITERS = [
     ("benchmarks/lookup_study.py", "out", ["benchmarks/lookup_study.py"], None),
     ("benchmarks/attention.py", "out", ["benchmarks/attention.py"], None),
     ("benchmarks/train_step.py", "out", ["benchmarks/train_step.py"], None),
+    ("benchmarks/train_memory.py", "out", ["benchmarks/train_memory.py"], None),
     ("benchmarks/tiny_step_profile.py", "out", ["benchmarks/tiny_step_profile.py"], None),
     ("benchmarks/decode.py", "out", ["benchmarks/decode.py"], None),
     ("benchmarks/peers.py", "out", ["benchmarks/peers.py"], None),

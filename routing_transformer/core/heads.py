@@ -46,7 +46,7 @@ def routing_heads_attention(q, k, v, means, config, causal=True, padding=None,
                             tables=(None, None), options=None, dropout_rate=0.0):
   """The routing heads: (output [b, hr, n, d], aux of the attention function).
 
-  k is ignored when config.share_qk (keys are the queries); decoders with
+  k is ignored (and may be None) when config.share_qk (keys are the queries); decoders with
   routing_mode="causal_window" use `causal_window_attention`, everything else (and every
   encoder) the paper's top-k routing. `options`: further keyword arguments of both functions
   (the extensions exclude_self, logit_scale). dropout_rate: attention dropout on the weights
@@ -61,6 +61,9 @@ def routing_heads_attention(q, k, v, means, config, causal=True, padding=None,
   rel_k, rel_v = tables
   if config.share_qk:
     k = q
+  elif k is None:
+    raise ValueError("routing_heads_attention: k is None but share_qk is False; pass the "
+                     "routing heads' keys.")
   if causal and config.routing_mode == "causal_window":
     return attention.causal_window_attention(
         q, k, v, means, config.window, share_qk=config.share_qk, padding=padding,
@@ -82,6 +85,48 @@ def local_heads_attention(q, k, v, config, causal=True, padding=None, tables=(No
       dropout_rate=dropout_rate)
 
 
+def split_kinds(x, num_routing):
+  """Heads [b, h, n, d] -> (the first `num_routing` [b, r, n, d], the others [b, h - r, n, d]),
+  None for an empty kind. One tf.split (its gradient is one concat), not strided slices."""
+  heads = x.shape[1]
+  if not num_routing:
+    return None, x
+  if num_routing == heads:
+    return x, None
+  return tuple(tf.split(x, [num_routing, heads - num_routing], axis=1))
+
+
+def kind_heads(routing, local, config, causal=True, padding=None, means=None,
+               routing_tables=(None, None), local_tables=(None, None), routing_options=None,
+               dropout_rate=0.0):
+  """All heads of a layer from the inputs of each kind: routing heads, then local heads.
+
+  Args:
+    routing, local: (q, k, v) of [b, heads of the kind, n, d] (q already scaled by d^-0.5;
+      routing normalises it anyway), or None for a kind without heads; the routing k may be
+      None with config.share_qk.
+    config: HeadConfig.
+    causal: decoder (True) or encoder (False) self-attention.
+    padding: optional bool [b, n], True at padding positions.
+    means: [routing heads, c, d] centroids (needed with routing heads).
+    routing_tables, local_tables: (relative keys, relative values) [2R + 1, d] or Nones.
+    routing_options: further keyword arguments of the routing attention functions.
+    dropout_rate: attention dropout on the weights of every head (hparam `attention_dropout`;
+      the caller passes 0 outside TRAIN mode).
+  Returns:
+    (output [b, h, n, d], aux of the routing attention or None without routing heads).
+  """
+  outputs, aux = [], None
+  if routing is not None:
+    out, aux = routing_heads_attention(*routing, means, config, causal, padding,
+                                       routing_tables, routing_options, dropout_rate)
+    outputs.append(out)
+  if local is not None:
+    outputs.append(local_heads_attention(*local, config, causal, padding, local_tables,
+                                         dropout_rate))
+  return (tf.concat(outputs, axis=1) if len(outputs) > 1 else outputs[0]), aux
+
+
 def mixed_heads(q, k, v, num_routing, config, causal=True, padding=None, means=None,
                 routing_tables=(None, None), local_tables=(None, None), routing_options=None,
                 dropout_rate=0.0):
@@ -101,14 +146,7 @@ def mixed_heads(q, k, v, num_routing, config, causal=True, padding=None, means=N
   Returns:
     (output [b, h, n, d], aux of the routing attention or None without routing heads).
   """
-  outputs, aux = [], None
-  if num_routing:
-    out, aux = routing_heads_attention(
-        q[:, :num_routing], k[:, :num_routing], v[:, :num_routing], means, config, causal,
-        padding, routing_tables, routing_options, dropout_rate)
-    outputs.append(out)
-  if q.shape[1] > num_routing:
-    outputs.append(local_heads_attention(
-        q[:, num_routing:], k[:, num_routing:], v[:, num_routing:], config, causal, padding,
-        local_tables, dropout_rate))
-  return (tf.concat(outputs, axis=1) if len(outputs) > 1 else outputs[0]), aux
+  kinds = list(zip(*(split_kinds(x, num_routing) for x in (q, k, v))))  # [(q, k, v) per kind]
+  routing, local = [None if kind[0] is None else kind for kind in kinds]
+  return kind_heads(routing, local, config, causal, padding, means, routing_tables,
+                    local_tables, routing_options, dropout_rate)

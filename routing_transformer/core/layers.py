@@ -21,6 +21,29 @@ def dense(x, units, name, use_bias=False):
   return tf1.layers.dense(x, units, use_bias=use_bias, name=name)
 
 
+def dense_kernel(name, inputs, units, dtype=tf.float32):
+  """The kernel [inputs, units] of `dense(x, units, name)`, for computing with parts of it:
+  variable `name/kernel` as tf.compat.v1.layers.dense creates it (the scope's initializer)."""
+  with tf1.variable_scope(name):
+    return tf1.get_variable("kernel", [inputs, units], dtype=dtype)
+
+
+def dense_variables(name, inputs, units, dtype=tf.float32):
+  """(kernel [inputs, units], bias [units]) of `dense(x, units, name, use_bias=True)`: the
+  variables `name/kernel` (the scope's initializer) and `name/bias` (zeros) it creates."""
+  with tf1.variable_scope(name):
+    kernel = tf1.get_variable("kernel", [inputs, units], dtype=dtype)
+    bias = tf1.get_variable("bias", [units], dtype=dtype, initializer=tf1.zeros_initializer())
+  return kernel, bias
+
+
+def apply_kernel(x, kernel):
+  """x [..., inputs] times kernel [inputs, units], as `dense` computes it (one tensordot)."""
+  out = tf.tensordot(x, kernel, [[x.shape.rank - 1], [0]])
+  out.set_shape(x.shape[:-1].concatenate(kernel.shape[-1:]))
+  return out
+
+
 def relative_tables(hparams, depth, enabled):
   """Shaw relative key/value tables [2R + 1, d] in the current scope, or (None, None)."""
   if not enabled or not hparams.max_relative_position:
@@ -48,14 +71,44 @@ def head_counts(hparams, layer_index):
   return num_routing, num_heads - num_routing, hparams.hidden_size // num_heads
 
 
+def kind_columns(kernel, sizes, skip_first=False):
+  """A projection kernel [hidden, s0 + s1] split by head kind: (first s0 columns, last s1), None
+  for a kind of size 0 (and for the first with skip_first). tf.split / tf.slice of the small
+  kernel (gradients: a concat / a pad), so the activations are never sliced."""
+  first, second = sizes
+  kernel = tf.convert_to_tensor(kernel)
+  if skip_first or not first:
+    if not second:
+      return None, None
+    return None, kernel if not first else tf.slice(kernel, [0, first], [-1, second])
+  if not second:
+    return kernel, None
+  return tuple(tf.split(kernel, [first, second], axis=1))
+
+
 def projections(x, hparams, layer_index):
-  """q (scaled by d^-0.5), k, v: [b, n, hidden] -> 3 x [b, heads, n, d]."""
+  """q (scaled by d^-0.5), k, v of one layer per head kind: [b, n, hidden] -> (routing, local),
+  each (q, k, v) of [b, heads of the kind, n, d], or None for a kind without heads.
+
+  One [hidden, hidden] kernel per projection (variables `q/kernel`, `k/kernel`, `v/kernel`, as
+  `dense` creates them) whose first columns belong to the routing heads; each kind is projected
+  with its own columns, so no [b, h, n, d] activation is sliced (or its gradient padded) per
+  kind. With share_qk the routing heads' keys are their normalised queries: their key columns
+  are not multiplied and the routing k is None (the kernel keeps its shape for checkpoints).
+  """
   num_routing, num_local, depth = head_counts(hparams, layer_index)
-  num_heads = num_routing + num_local
-  q = heads.split_heads(dense(x, hparams.hidden_size, "q"), num_heads) * depth ** -0.5
-  k = heads.split_heads(dense(x, hparams.hidden_size, "k"), num_heads)
-  v = heads.split_heads(dense(x, hparams.hidden_size, "v"), num_heads)
-  return q, k, v
+  sizes = (num_routing * depth, num_local * depth)
+  kinds = ([], [])
+  for name in ("q", "k", "v"):
+    kernel = dense_kernel(name, x.shape[-1], hparams.hidden_size, x.dtype.base_dtype)
+    skip = name == "k" and hparams.share_qk  # routing heads' keys are their queries
+    for kind, columns in enumerate(kind_columns(kernel, sizes, skip)):
+      y = None
+      if columns is not None:
+        y = heads.split_heads(apply_kernel(x, columns), sizes[kind] // depth)
+        y = y * depth ** -0.5 if name == "q" else y
+      kinds[kind].append(y)
+  return tuple(tuple(t) if size else None for t, size in zip(kinds, sizes))
 
 
 def routing_variables(hparams, layer_index):
@@ -150,7 +203,7 @@ def self_attention(x, hparams, layer_index, padding, causal=True, train=False,
     None).
   """
   num_routing, num_local, _ = head_counts(hparams, layer_index)
-  q, k, v = projections(x, hparams, layer_index)
+  routing_qkv, local_qkv = projections(x, hparams, layer_index)
   loss, step = 0.0, None
   means, routing_tables, local_tables, options = None, (None, None), (None, None), {}
   if num_routing:
@@ -160,9 +213,9 @@ def self_attention(x, hparams, layer_index, padding, causal=True, train=False,
     options = routing_options(hparams, layer_index)
   if num_local:
     local_tables = local_variables(hparams, layer_index)
-  out, aux = heads.mixed_heads(q, k, v, num_routing, head_config(hparams, x.shape[1]), causal,
-                               padding, means, routing_tables, local_tables, options,
-                               attention_dropout_rate(hparams, train))
+  out, aux = heads.kind_heads(routing_qkv, local_qkv, head_config(hparams, x.shape[1]), causal,
+                              padding, means, routing_tables, local_tables, options,
+                              attention_dropout_rate(hparams, train))
   if num_routing:
     x_hats, clusters = kmeans.routed_vectors(aux, hparams.share_qk)
     loss = km.loss(aux["commitment_loss"], x_hats, clusters, aux["weights"])
@@ -226,24 +279,23 @@ def self_attention_step(x, hparams, layer_index, cache, position):
     raise ValueError("Cached decoding of random_routing models is not supported (members are "
                      "random draws); decode with fast_decode=False.")
   num_routing, num_local, _ = head_counts(hparams, layer_index)
-  q, k, v = projections(x, hparams, layer_index)
+  routing_qkv, local_qkv = projections(x, hparams, layer_index)
   cache, outputs = dict(cache), []
   if num_routing:
+    q_r, k_r, v_r = routing_qkv
     km, rel_k, rel_v = routing_variables(hparams, layer_index)
     options = routing_options(hparams, layer_index)
-    q_hat = attention.layer_norm_no_scale(q[:, :num_routing])
-    k_hat = q_hat if hparams.share_qk else attention.layer_norm_no_scale(k[:, :num_routing])
+    q_hat = attention.layer_norm_no_scale(q_r)
+    k_hat = q_hat if hparams.share_qk else attention.layer_norm_no_scale(k_r)
     mu = tf.cast(km.means, q_hat.dtype)
     if hparams.routing_mode == "causal_window":
       out, cache["routing_window"] = incremental.causal_window_step(
-          q_hat, k_hat, v[:, :num_routing], mu, cache["routing_window"], rel_k, rel_v,
-          **options)
+          q_hat, k_hat, v_r, mu, cache["routing_window"], rel_k, rel_v, **options)
       outputs.append(out)
     else:
       scores = routing.centroid_scores(q_hat, mu)  # [b, h, c, 1]
       cache["routing_k"] = incremental.write_cache(cache["routing_k"], k_hat, position)
-      cache["routing_v"] = incremental.write_cache(cache["routing_v"], v[:, :num_routing],
-                                                   position)
+      cache["routing_v"] = incremental.write_cache(cache["routing_v"], v_r, position)
       cache["routing_scores"] = incremental.write_cache(cache["routing_scores"], scores,
                                                         position, axis=3)
       outputs.append(incremental.routing_attention_step(
@@ -251,16 +303,17 @@ def self_attention_step(x, hparams, layer_index, cache, position):
           hparams.sparsity_cluster_attention_window, relative_keys=rel_k,
           relative_values=rel_v, **options))
   if num_local:
+    q_l, k_l, v_l = local_qkv
     rel_k, rel_v = local_variables(hparams, layer_index)
     ring = cache["local_pos"].shape[1]
     block, flange = local_span(hparams, ring)  # full_attention: the ring is the whole length
     slot = position % ring
-    cache["local_k"] = incremental.write_cache(cache["local_k"], k[:, num_routing:], slot)
-    cache["local_v"] = incremental.write_cache(cache["local_v"], v[:, num_routing:], slot)
+    cache["local_k"] = incremental.write_cache(cache["local_k"], k_l, slot)
+    cache["local_v"] = incremental.write_cache(cache["local_v"], v_l, slot)
     cache["local_pos"] = incremental.write_cache(
         cache["local_pos"], tf.fill([tf.shape(x)[0], 1], position), slot, axis=1)
     outputs.append(incremental.local_ring_step(
-        q[:, num_routing:], cache["local_k"], cache["local_v"], cache["local_pos"][0], position,
+        q_l, cache["local_k"], cache["local_v"], cache["local_pos"][0], position,
         block, flange, relative_keys=rel_k, relative_values=rel_v, scale=1.0))
   out = tf.concat(outputs, axis=1) if len(outputs) > 1 else outputs[0]
   return attention_output(out, hparams), cache
@@ -308,14 +361,55 @@ def encdec_attention(x, memory, hparams, memory_padding, position=None, train=Fa
   return dense(heads.combine_heads(out), hparams.hidden_size, "output_transform")
 
 
+def _recompute_inputs(dy, *tensors):
+  """Identities of `tensors` that run only once the gradient dy has arrived (so a backward
+  pass's recomputation happens in the backward pass, not early in the forward)."""
+  with tf.control_dependencies([dy]):
+    return [tf.identity(t) for t in tensors]
+
+
+def geglu_hidden(a, b):
+  """gelu(a) * b (T2T's tanh approximation of gelu)."""
+  return common_layers.gelu(a) * b
+
+
+@tf.custom_gradient
+def geglu_activation(a, b):
+  """gelu(a) * b, [..., f]; the backward pass keeps only a and b and recomputes gelu (the
+  gradients are those of `geglu_hidden`: the same ops differentiated)."""
+  def grad(dh):
+    a2, b2 = _recompute_inputs(dh, a, b)
+    return tf.gradients(geglu_hidden(a2, b2), [a2, b2], dh)
+
+  return geglu_hidden(a, b), grad
+
+
+@tf.custom_gradient
+def geglu_output(a, b, kernel):
+  """(gelu(a) * b) kernel: [..., f] x 2, [f, hidden] -> [..., hidden]. The backward pass keeps
+  only a and b (and the kernel), recomputing gelu(a) * b, where the plain ops keep gelu's input,
+  its tanh and cdf, its output, b and the product; the gradients are those of the plain ops."""
+  def grad(dy):
+    a2, b2, kernel2 = _recompute_inputs(dy, a, b, kernel)
+    return tf.gradients(apply_kernel(geglu_hidden(a2, b2), kernel2), [a2, b2, kernel2], dy)
+
+  return apply_kernel(geglu_hidden(a, b), kernel), grad
+
+
 def ffn(x, hparams, train=False):
-  """Feed-forward block: GEGLU (gelu(x W1) * (x W2)) W3 without biases, or dense-relu-dense."""
+  """Feed-forward block: GEGLU (gelu(x W1) * (x W2)) W3 without biases, or dense-relu-dense.
+
+  GEGLU keeps only x W1 and x W2 for its backward pass (`geglu_output`; with relu_dropout in
+  training, `geglu_activation` and the dropped product)."""
   if hparams.ffn_layer == "geglu":
-    h = common_layers.gelu(dense(x, hparams.filter_size, "weight1")) * dense(
-        x, hparams.filter_size, "weight2")
+    a = dense(x, hparams.filter_size, "weight1")
+    b = dense(x, hparams.filter_size, "weight2")
+    kernel = dense_kernel("weight3", hparams.filter_size, hparams.hidden_size,
+                          x.dtype.base_dtype)
     if train and hparams.relu_dropout:
-      h = tf.nn.dropout(h, rate=hparams.relu_dropout)
-    return dense(h, hparams.hidden_size, "weight3")
+      h = tf.nn.dropout(geglu_activation(a, b), rate=hparams.relu_dropout)
+      return apply_kernel(h, tf.convert_to_tensor(kernel))
+    return geglu_output(a, b, tf.convert_to_tensor(kernel))
   if hparams.ffn_layer == "dense_relu_dense":  # T2T's names; variable-scoped (decode reuses them)
     h = tf.nn.relu(dense(x, hparams.filter_size, "conv1", use_bias=True))
     if train and hparams.relu_dropout:

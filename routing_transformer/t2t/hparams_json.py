@@ -28,7 +28,7 @@ TRAINING_ONLY = re.compile(
     r"sampling_|nucleus_sampling|fast_decode|nan_guard|dead_cluster|reseed_dead|"
     r"skip_corrupt|initializer|moe_|symbol_modality|scheduled_sampling|pack_dataset|"
     r"factored_logits|shared_embedding|multiproblem|mixed_precision|activation_dtype|"
-    r"weight_dtype|bottom|top|loss|name|mode).*\Z")
+    r"weight_dtype|bottom|top|loss|logits_chunk|name|mode).*\Z")
 
 
 class HParamsJsonError(ValueError):

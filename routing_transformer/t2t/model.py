@@ -16,6 +16,7 @@ import tensorflow as tf
 
 from routing_transformer.t2t import checkpoint_files
 from routing_transformer.t2t import compat
+from routing_transformer.core import chunked_loss
 from routing_transformer.core import health
 from routing_transformer.core import kmeans
 from routing_transformer.core import layers
@@ -26,11 +27,15 @@ compat.patch_tensor2tensor()
 # pylint: disable=g-import-not-at-top,wrong-import-position
 from tensor2tensor.layers import common_attention
 from tensor2tensor.layers import common_layers
+from tensor2tensor.layers import modalities
 from tensor2tensor.utils import registry
 from tensor2tensor.utils import t2t_model
 # pylint: enable=g-import-not-at-top,wrong-import-position
 
 tf1 = tf.compat.v1
+
+
+MAX_LOGITS_CHUNKS = 256  # logits_chunk_size: chunks per sequence (each adds ops to the graph)
 
 
 class HParamsError(ValueError):
@@ -78,6 +83,11 @@ def check_hparams(hparams, length=None):
   if hparams.get("routing_logit_scale", "none") not in ("none", "rsqrt_depth", "learned"):
     problems.append("routing_logit_scale=%r is not supported; use 'none' (paper), "
                     "'rsqrt_depth' or 'learned'" % hparams.routing_logit_scale)
+  chunk = hparams.get("logits_chunk_size", 0)
+  if chunk < 0 or (chunk and -(-length // chunk) > MAX_LOGITS_CHUNKS):
+    problems.append("logits_chunk_size=%d must be 0 (off) or at least %d: at most %d chunks of "
+                    "the length %d (each chunk adds a copy of the output layer to the graph)"
+                    % (chunk, -(-length // MAX_LOGITS_CHUNKS), MAX_LOGITS_CHUNKS, length))
   if hparams.routing_mode not in ("topk", "causal_window"):
     problems.append("routing_mode=%r is not supported; use 'topk' (paper routing) or "
                     "'causal_window' (strictly causal)" % hparams.routing_mode)
@@ -251,13 +261,71 @@ class RoutingTransformer(t2t_model.T2TModel):
     x = self.layer_stack(x, prefix, num_layers, None, None, wrap=wrap)
     return x, tf.add_n(losses)
 
-  def logits(self, x):
-    """[b, n, hidden] -> [b, n, vocab]: [final_dense_1 when dims differ], final_dense_2."""
+  def output_layer(self, x):
+    """The output projection's input and variables: x [b, n, hidden] -> (x [b, n, e] after
+    final_dense_1 when hidden_size != embedding_dims, final_dense_2's kernel [e, vocab] and
+    bias [vocab])."""
     hparams = self.hparams
     if hparams.hidden_size != hparams.embedding_dims:
       x = layers.dense(x, hparams.embedding_dims, "final_dense_1", use_bias=True)
     vocab = self._problem_hparams.vocab_size["targets"]
-    return layers.dense(x, vocab, "final_dense_2", use_bias=True)
+    kernel, bias = layers.dense_variables("final_dense_2", x.shape[-1], vocab,
+                                          x.dtype.base_dtype)
+    return x, tf.convert_to_tensor(kernel), tf.convert_to_tensor(bias)
+
+  def logits(self, x):
+    """[b, n, hidden] -> [b, n, vocab]: [final_dense_1 when dims differ], final_dense_2."""
+    return chunked_loss.project(*self.output_layer(x))
+
+  def loss_weights_fn(self):
+    """T2T's per-token weights function of the targets (hparams.weights_fn or the modality's)."""
+    modality = self._problem_hparams.modality["targets"]
+    overrides = self.hparams.get("weights_fn", None) or {}
+    return overrides.get("targets", modalities.get_weights_fn(modality))
+
+  def check_chunked_loss(self, features):
+    """Raises HParamsError unless T2T's loss of these features is the one `chunked_training_loss`
+    computes: the targets modality's generic cross-entropy with weights_nonzero (no loss or
+    weights_fn override, targets_mask, loss cutoff, multi-problem or scheduled sampling)."""
+    hparams = self.hparams
+    modality = self._problem_hparams.modality["targets"]
+    loss = (hparams.get("loss", None) or {}).get("targets", modalities.get_loss(modality))
+    problems = []
+    if loss is not modalities.generic_loss:
+      problems.append("the targets loss is %s, not T2T's generic cross-entropy" %
+                      getattr(loss, "__name__", loss))
+    if self.loss_weights_fn() is not common_layers.weights_nonzero:
+      problems.append("the targets weights_fn is not weights_nonzero")
+    if "targets_mask" in features:
+      problems.append("the features have targets_mask")
+    if getattr(hparams, "video_modality_loss_cutoff", 0.0):
+      problems.append("video_modality_loss_cutoff is set")
+    if hasattr(hparams, "problem") and hasattr(hparams.problem, "task_list"):
+      problems.append("the problem is a multi-problem")
+    if hparams.get("scheduled_sampling_prob", 0.0) > 0.0:
+      problems.append("scheduled_sampling_prob > 0 needs the logits")
+    if problems:
+      raise HParamsError("logits_chunk_size=%d computes T2T's cross-entropy chunk by chunk, but "
+                         "%s; set logits_chunk_size=0" % (hparams.logits_chunk_size,
+                                                          " and ".join(problems)))
+
+  def chunked_training_loss(self, x, kernel, bias, targets):
+    """T2T's training loss (num, den) of targets [b, n] (0 = padding) from the output layer
+    (x [b, n, e], kernel, bias of `output_layer`), `logits_chunk_size` positions at a time
+    (core/chunked_loss.py): the sum over the positions of weights_nonzero(targets) x T2T's
+    smoothing cross-entropy (label_smoothing as in T2T's loss) times the problem's
+    loss_multiplier, and the sum of the weights."""
+    hparams = self.hparams
+    confidence = 1.0 - hparams.label_smoothing
+
+    def xent(logits, labels):
+      logits = tf.cast(logits, tf.float32)
+      return common_layers.smoothing_cross_entropy(logits, labels, logits.shape[-1], confidence)
+
+    weights = common_layers.weights_nonzero(targets)
+    num = chunked_loss.chunked_loss(x, kernel, bias, targets, weights,
+                                    hparams.logits_chunk_size, xent)
+    return num * self._problem_hparams.loss_multiplier, tf.reduce_sum(weights)
 
   def encode(self, features):
     """(memory [b, m, hidden], memory_padding [b, m], commitment loss) or Nones without inputs."""
@@ -292,8 +360,22 @@ class RoutingTransformer(t2t_model.T2TModel):
     x = self.embed(shifted, "embeddings")
     x, loss = self.stack(x, padding, True, "decoder", hparams.num_decoder_layers, memory,
                          memory_padding)
-    logits = self.logits(x)[:, :actual_length, tf.newaxis, tf.newaxis, :]
-    return logits, {"extra_loss": loss + extra}
+    losses = {"extra_loss": loss + extra}
+    if self.is_train and hparams.get("logits_chunk_size", 0):
+      # T2T then skips its top and loss; the logits are computed only if something fetches them.
+      self.check_chunked_loss(features)
+      output = self.output_layer(x)
+      losses["training"] = self.chunked_training_loss(*output, ids)
+      logits = chunked_loss.project(*output)
+    elif self.is_train and self.loss_weights_fn() is common_layers.weights_nonzero:
+      # T2T's loss pads the targets with 0 (weight 0) to the logits' length: no slice (whose
+      # gradient would copy the [b, n, vocab] gradient into a new tensor).
+      logits = self.logits(x)
+    else:
+      logits = tf.slice(self.logits(x), [0, 0, 0], [-1, actual_length, -1])
+      logits.set_shape([ids.shape[0], targets.shape[1], None])
+    logits = tf.expand_dims(tf.expand_dims(logits, 2), 2)  # [b, n, 1, 1, vocab]
+    return logits, losses
 
   def infer(self, features=None, decode_length=50, beam_size=1, top_beams=1, alpha=0.0,
             use_tpu=False):

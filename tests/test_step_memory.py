@@ -1,0 +1,460 @@
+"""The training step's memory and waste rewrites equal the plain computations, gradients included:
+GEGLU's custom gradient, the chunked output projection + cross-entropy (`logits_chunk_size`), the
+per-kind q/k/v projections (no routing K with share_qk, no strided slices of the heads) and the
+causal_window scoring (blocks of w / 2 with two look-back blocks); and each keeps less alive
+for the backward pass (read off the graph: which forward tensors the gradient ops read)."""
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from conftest import HParamsStandIn
+import routing_transformer  # pylint: disable=unused-import
+from routing_transformer.core import chunked_loss
+from routing_transformer.core import heads
+from routing_transformer.core import layers
+from routing_transformer.core.attention import causal_window as cw
+from routing_transformer.core.attention import common
+from routing_transformer.t2t import model as model_lib
+from tensor2tensor.layers import common_layers
+from test_model import EVAL, TRAIN, VOCAB, build, random_targets, small_hparams
+
+tf1 = tf.compat.v1
+
+
+def buffer_of(t):
+  """The tensor whose buffer t is: through Identity / IdentityN (which forward their inputs)."""
+  while t.op.type in ("Identity", "IdentityN"):
+    t = t.op.inputs[t.value_index if t.op.type == "IdentityN" else 0]
+  return t
+
+
+def saved_for_backward(graph, size):
+  """Names of the forward tensors (buffers) of `size` elements that gradient ops read: what the
+  forward pass must keep alive for the backward pass."""
+  saved = set()
+  for op in graph.get_operations():
+    if not op.name.startswith("gradients"):
+      continue
+    for t in op.inputs:
+      if (not t.op.name.startswith("gradients") and t.dtype.is_floating and
+          t.shape.is_fully_defined() and t.shape.num_elements() == size):
+        saved.add(buffer_of(t).name)
+  return saved
+
+
+def run_graph(fetches, feeds=None):
+  with tf1.Session() as sess:
+    sess.run(tf1.global_variables_initializer())
+    return sess.run(fetches, feeds)
+
+
+# --- GEGLU ------------------------------------------------------------------------------------
+
+FFN = HParamsStandIn(ffn_layer="geglu", filter_size=24, hidden_size=8, relu_dropout=0.0)
+
+
+def plain_geglu(x, w1, w2, w3):
+  """The GEGLU block as plain ops (what layers.ffn computed before its custom gradient)."""
+  dot = lambda a, w: tf.tensordot(a, w, [[2], [0]])
+  return dot(common_layers.gelu(dot(x, w1)) * dot(x, w2), w3)
+
+
+def ffn_and_plain(rng, dtype, plain=False):
+  """(y, gradients of sum(y * cotangent) w.r.t. x and the three kernels, graph) of layers.ffn
+  (or, plain=True, of plain_geglu on the same variables) in a new graph."""
+  graph = tf.Graph()
+  with graph.as_default():
+    tf1.set_random_seed(3)  # the same initial values in both graphs (the same ops before them)
+    x = tf.constant(rng.standard_normal((2, 5, 8)), dtype)
+    with tf1.variable_scope("ffn", initializer=tf1.random_normal_initializer(0.0, 0.5)):
+      y = layers.ffn(x, FFN, train=True)
+    kernels = [v for v in tf1.global_variables() if v.name.startswith("ffn/weight")]
+    assert [v.name for v in kernels] == ["ffn/weight%d/kernel:0" % i for i in (1, 2, 3)]
+    assert all(v.dtype.base_dtype == dtype for v in kernels)
+    if plain:
+      y = plain_geglu(x, *[tf.convert_to_tensor(v) for v in kernels])
+    cotangent = tf.constant(rng.standard_normal((2, 5, 8)), dtype)
+    grads = tf1.gradients(tf.reduce_sum(y * cotangent), [x] + kernels)
+    values = run_graph([y, grads])
+  return values, graph
+
+
+@pytest.mark.parametrize("dtype,rtol", [(tf.float64, 1e-12), (tf.float32, 1e-6)])
+def test_geglu_custom_gradient_equals_the_plain_gradient(dtype, rtol):
+  (y, grads), _ = ffn_and_plain(np.random.default_rng(0), dtype)
+  (y_plain, grads_plain), _ = ffn_and_plain(np.random.default_rng(0), dtype, plain=True)
+  np.testing.assert_allclose(y, y_plain, rtol=rtol)
+  for got, want, name in zip(grads, grads_plain, ["x", "weight1", "weight2", "weight3"]):
+    assert np.abs(want).max() > 0, name
+    np.testing.assert_allclose(got, want, rtol=rtol, atol=rtol * np.abs(want).max(), err_msg=name)
+
+
+def test_geglu_backward_keeps_only_the_two_matmul_outputs():
+  """Of the [b, n, filter] tensors, the plain ops keep gelu's input, its intermediates, b and
+  the product for the backward pass; the custom gradient keeps x W1 and x W2 only."""
+  size = 2 * 5 * FFN.filter_size
+  _, graph = ffn_and_plain(np.random.default_rng(0), tf.float32)
+  _, plain = ffn_and_plain(np.random.default_rng(0), tf.float32, plain=True)
+  assert len(saved_for_backward(plain, size)) >= 5
+  kept = saved_for_backward(graph, size)
+  assert len(kept) == 2, kept
+  producers = {graph.get_tensor_by_name(name).op for name in kept}
+  assert all("weight1" in op.name or "weight2" in op.name for op in producers), producers
+
+
+def test_geglu_activation_gradient_equals_the_plain_gradient(rng):
+  """The form used with relu_dropout in training: gelu(a) * b alone."""
+  with tf.Graph().as_default():
+    a, b, dh = [tf.constant(rng.standard_normal((3, 7)), tf.float64) for _ in range(3)]
+    ours = tf1.gradients(layers.geglu_activation(a, b), [a, b], dh)
+    plain = tf1.gradients(layers.geglu_hidden(a, b), [a, b], dh)
+    ours, plain, y, y_plain = run_graph([ours, plain, layers.geglu_activation(a, b),
+                                         layers.geglu_hidden(a, b)])
+  np.testing.assert_allclose(y, y_plain, rtol=1e-14)
+  for got, want in zip(ours, plain):
+    np.testing.assert_allclose(got, want, rtol=1e-12)
+
+
+# --- chunked output projection + cross-entropy ------------------------------------------------
+
+def sparse_xent(logits, labels):
+  return tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits)
+
+
+def loss_graph(rng, chunk):
+  """(loss, gradients w.r.t. x, kernel, bias, graph) of the chunked loss (chunk > 0) or the
+  plain one (chunk 0) on the same random inputs (float64; b 2, n 7, e 4, vocab 11)."""
+  graph = tf.Graph()
+  with graph.as_default():
+    x = tf.constant(rng.standard_normal((2, 7, 4)))
+    kernel = tf.constant(rng.standard_normal((4, 11)))
+    bias = tf.constant(rng.standard_normal(11))
+    labels = tf.constant(rng.integers(0, 11, (2, 7)), tf.int32)
+    weights = tf.constant(rng.integers(0, 2, (2, 7)), tf.float64)
+    if chunk:
+      loss = chunked_loss.chunked_loss(x, kernel, bias, labels, weights, chunk, sparse_xent)
+    else:
+      loss = tf.reduce_sum(sparse_xent(chunked_loss.project(x, kernel, bias), labels) * weights)
+    grads = tf1.gradients(3.0 * loss, [x, kernel, bias])
+    values = run_graph([loss, grads])
+  return values, graph
+
+
+@pytest.mark.parametrize("chunk", [1, 3, 7, 10])
+def test_chunked_loss_and_gradients_equal_the_plain_loss(chunk):
+  (loss, grads), _ = loss_graph(np.random.default_rng(5), chunk)
+  (loss_plain, grads_plain), _ = loss_graph(np.random.default_rng(5), 0)
+  np.testing.assert_allclose(loss, loss_plain, rtol=1e-13)
+  for got, want in zip(grads, grads_plain):
+    assert np.abs(want).max() > 0
+    np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-13)
+
+
+def test_chunked_loss_keeps_no_logits_for_the_backward_pass():
+  _, graph = loss_graph(np.random.default_rng(5), 3)
+  _, plain = loss_graph(np.random.default_rng(5), 0)
+  assert saved_for_backward(plain, 2 * 7 * 11)  # logits-sized: the softmax the gradient reads
+  assert not saved_for_backward(graph, 2 * 7 * 11)
+  assert chunked_loss.chunk_bounds(7, 3) == [(0, 3), (3, 3), (6, 1)]
+
+
+def model_step(hparams, features, initial=None, mode=TRAIN):
+  """(variables before, training loss, gradients by variable name) of the model in a new graph,
+  the variables initialised from `initial` when given (as test_recompute does)."""
+  graph = tf.Graph()
+  with graph.as_default():
+    tf1.set_random_seed(1)
+    logits, losses = build(hparams, mode, features)
+    loss = losses["training"]
+    variables = tf1.trainable_variables()
+    grads = [tf.convert_to_tensor(g) for g in tf1.gradients(loss, variables)]
+    every = {v.name: v for v in tf1.global_variables()}
+    feeds = {} if initial is None else {
+        v.initializer.inputs[1]: initial[name] for name, v in every.items()}
+    with tf1.Session() as sess:
+      sess.run(tf1.global_variables_initializer(), feeds)
+      before = sess.run(every)
+      loss_value, grad_values, logits_value = sess.run([loss, grads, logits])
+  return before, loss_value, {v.name: g for v, g in zip(variables, grad_values)}, logits_value
+
+
+@pytest.mark.parametrize("overrides,length,pad_from", [
+    ({}, 64, 50),
+    (dict(label_smoothing=0.1, hidden_size=48, embedding_dims=32), 64, None),
+    ({"recompute_layers": True}, 40, 30),  # shorter than the static length 64
+])
+def test_model_chunked_loss_equals_the_t2t_loss(rng, overrides, length, pad_from):
+  """logits_chunk_size=16 (4 chunks of the 64 positions): the training loss and every gradient
+  equal T2T's loss on the whole logits (label smoothing, final_dense_1, padding, recompute)."""
+  features = {"targets": random_targets(rng, length=length, pad_from=pad_from)}
+  before, loss, grads, logits = model_step(small_hparams(**overrides), features)
+  before2, loss2, grads2, logits2 = model_step(small_hparams(logits_chunk_size=16, **overrides),
+                                               features, before)
+  assert set(before2) == set(before)  # the same variables
+  np.testing.assert_allclose(loss2, loss, rtol=1e-6)
+  assert set(grads2) == set(grads) and len(grads) > 10
+  for name, g in grads.items():
+    np.testing.assert_allclose(grads2[name], g, rtol=1e-5, atol=1e-6, err_msg=name)
+  # The logits are still there for whoever fetches them (computed whole then).
+  np.testing.assert_allclose(logits2, logits, rtol=1e-5, atol=1e-5)
+
+
+def test_train_logits_are_not_sliced_and_give_the_eval_loss(rng):
+  """TRAIN returns the logits of all max_length positions (T2T's loss pads the targets with
+  weight-0 zeros to that length: no slice, no StridedSliceGrad of the largest tensor); its loss
+  equals the EVAL loss on the sliced logits, with the same weights."""
+  features = {"targets": random_targets(rng, length=40, pad_from=33)}
+  before, loss, _, logits = model_step(small_hparams(), features)
+  _, loss_eval, _, logits_eval = model_step(small_hparams(), features, before, mode=EVAL)
+  assert logits.shape == (2, 64, 1, 1, VOCAB) and logits_eval.shape == (2, 40, 1, 1, VOCAB)
+  np.testing.assert_allclose(loss, loss_eval, rtol=1e-6)
+  np.testing.assert_allclose(logits[:, :40], logits_eval, rtol=1e-5, atol=1e-6)
+  with tf.Graph().as_default():
+    _, losses = build(small_hparams(), TRAIN, features)
+    tf1.gradients(losses["training"], tf1.trainable_variables())
+    # No gradient op lays the [b, n, vocab] logits' gradient out again (the gradient of a
+    # strided slice, or of a slice: a Pad).
+    relaid = [op.name for op in tf1.get_default_graph().get_operations()
+              if op.name.startswith("gradients") and op.type in ("StridedSliceGrad", "Pad") and
+              any(t.shape.rank and t.shape[-1] == VOCAB for t in op.inputs)]
+    assert not relaid, relaid
+
+
+def test_chunked_loss_refuses_what_it_does_not_compute(rng):
+  features = {"targets": random_targets(rng), "targets_mask": np.ones((2, 64), np.float32)}
+  with tf.Graph().as_default():
+    with pytest.raises(model_lib.HParamsError, match="targets_mask.*logits_chunk_size=0"):
+      build(small_hparams(logits_chunk_size=16), TRAIN, features)
+  assert small_hparams().logits_chunk_size == 0  # off by default (and in every paper set)
+  with pytest.raises(model_lib.HParamsError, match="logits_chunk_size=-1 must be 0"):
+    model_lib.check_hparams(small_hparams(logits_chunk_size=-1))
+  long = small_hparams(max_length=1024, max_target_length=1024, sparsity_cluster_size=64,
+                       logits_chunk_size=2)
+  with pytest.raises(model_lib.HParamsError, match="at least 4: at most 256 chunks"):
+    model_lib.check_hparams(long)
+  long.logits_chunk_size = 4
+  model_lib.check_hparams(long)
+
+
+# --- q/k/v per head kind ----------------------------------------------------------------------
+
+def layer_hparams(**overrides):
+  """One layer of 2 routing + 2 local heads of d = 8 (hidden 32), length 64."""
+  values = dict(hidden_size=32, local_num_heads=2, sparsity_cluster_num_heads=2,
+                sparsity_skip_first=0, sparsity_cluster_size=4,
+                sparsity_cluster_attention_window=16, query_shape=(16,), memory_flange=(16,),
+                max_length=64, max_target_length=64, share_qk=True, routing_mode="topk",
+                random_routing=False, legacy_causal_key_routing=False,
+                max_relative_position=9, local_relative=True, sparsity_cluster_relative=True,
+                head_dense=True, attention_dropout=0.0, decay=0.999, beta=1e-4, ema=True)
+  values.update(overrides)
+  return HParamsStandIn(**values)
+
+
+def sliced_reference(x, hp, padding, causal):
+  """The layer as computed before the per-kind projections: whole q/k/v projections sliced by
+  strided slices into the kinds (reads the variables of a layers.self_attention already built
+  in the current scope)."""
+  num_routing, _, depth = layers.head_counts(hp, 0)
+  total = hp.local_num_heads + hp.sparsity_cluster_num_heads
+
+  def project(name):
+    kernel = tf.convert_to_tensor(layers.dense_kernel(name, hp.hidden_size, hp.hidden_size))
+    return heads.split_heads(layers.apply_kernel(x, kernel), total)
+
+  q, k, v = project("q") * depth ** -0.5, project("k"), project("v")
+  km, rel_k, rel_v = layers.routing_variables(hp, 0)
+  config = layers.head_config(hp, x.shape[1])
+  out_r, _ = heads.routing_heads_attention(
+      q[:, :num_routing], k[:, :num_routing], v[:, :num_routing], km.means, config, causal,
+      padding, (rel_k, rel_v), layers.routing_options(hp, 0))
+  out_l = heads.local_heads_attention(q[:, num_routing:], k[:, num_routing:],
+                                      v[:, num_routing:], config, causal, padding,
+                                      layers.local_variables(hp, 0))
+  return layers.attention_output(tf.concat([out_r, out_l], axis=1), hp)
+
+
+@pytest.mark.parametrize("overrides,causal,use_padding", [
+    ({}, True, False),
+    ({"share_qk": False}, True, True),
+    ({"routing_mode": "causal_window"}, True, True),
+    ({"share_qk": False}, False, True),  # encoder self-attention
+])
+def test_per_kind_projections_equal_the_sliced_heads(rng, overrides, causal, use_padding):
+  """layers.self_attention (per-kind projections, tf.split) against the whole projections
+  sliced per kind: the same outputs and gradients (x, every kernel and table)."""
+  hp = layer_hparams(**overrides)
+  padding = None
+  if use_padding:
+    padding = np.zeros((2, 64), bool)
+    padding[1, 50:] = True
+  with tf.Graph().as_default():
+    x = tf.constant(rng.standard_normal((2, 64, 32)), tf.float32)
+    pad = None if padding is None else tf.constant(padding)
+    with tf1.variable_scope("layer"):
+      y, _, _ = layers.self_attention(x, hp, 0, pad, causal=causal)
+    with tf1.variable_scope("layer", reuse=True):
+      y_ref = sliced_reference(x, hp, pad, causal)
+    variables = tf1.trainable_variables()
+    cotangent = tf.constant(rng.standard_normal((2, 64, 32)), tf.float32)
+    if padding is not None:  # outputs at padding positions are not defined
+      cotangent *= tf.constant(~padding[:, :, None], tf.float32)
+    grads = tf1.gradients(tf.reduce_sum(y * cotangent), [x] + variables)
+    grads_ref = tf1.gradients(tf.reduce_sum(y_ref * cotangent), [x] + variables)
+    names = ["x"] + [v.name for v in variables]
+    assert [g is None for g in grads] == [g is None for g in grads_ref] == [False] * len(names)
+    y, y_ref, grads, grads_ref = run_graph([y, y_ref, grads, grads_ref])
+  real = np.ones((2, 64), bool) if padding is None else ~padding
+  np.testing.assert_allclose(y[real], y_ref[real], rtol=1e-5, atol=1e-6)
+  for got, want, name in zip(grads, grads_ref, names):
+    assert np.abs(want).max() > 0, name
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5, err_msg=name)
+
+
+@pytest.mark.parametrize("share_qk", [True, False])
+def test_no_routing_key_projection_with_share_qk(rng, share_qk):
+  """The projections multiply x by 3 x hidden kernel columns, less the routing heads' key
+  columns with share_qk; the k kernel keeps its [hidden, hidden] shape (checkpoints) and its
+  routing columns get a zero gradient."""
+  hp = layer_hparams(share_qk=share_qk)
+  with tf.Graph().as_default():
+    x = tf.constant(rng.standard_normal((2, 64, 32)), tf.float32)
+    routing, local = layers.projections(x, hp, 0)
+    graph = tf1.get_default_graph()
+    columns = sum(op.outputs[0].shape[-1] for op in graph.get_operations()
+                  if op.type == "MatMul")
+    assert columns == 3 * 32 - (16 if share_qk else 0)
+    assert (routing[1] is None) == share_qk and local[1].shape.as_list() == [2, 2, 64, 8]
+    kernel = [v for v in tf1.global_variables() if v.name == "k/kernel:0"][0]
+    assert kernel.shape.as_list() == [32, 32]
+    loss = tf.reduce_sum(local[1] ** 2) + tf.reduce_sum(routing[0] ** 2)
+    if routing[1] is not None:
+      loss += tf.reduce_sum(routing[1] ** 2)
+    grad = run_graph(tf1.gradients(loss, [kernel])[0])
+  assert np.abs(grad[:, 16:]).max() > 0
+  assert (np.abs(grad[:, :16]).max() > 0) == (not share_qk)
+
+
+@pytest.mark.parametrize("mode", ["topk", "causal_window"])
+def test_attention_layer_gradient_has_no_strided_slice_gradient(rng, mode):
+  """No StridedSliceGrad (several times slower on CPU than a Pad / concat) in the backward pass
+  of a mixed layer: the heads are projected per kind, not sliced."""
+  with tf.Graph().as_default():
+    x = tf.constant(rng.standard_normal((2, 64, 32)), tf.float32)
+    y, loss, _ = layers.self_attention(x, layer_hparams(routing_mode=mode), 0, None)
+    tf1.gradients(tf.reduce_sum(y) + loss, [x] + tf1.trainable_variables())
+    found = [op.name for op in tf1.get_default_graph().get_operations()
+             if op.type == "StridedSliceGrad"]
+  assert not found, found
+
+
+# --- causal_window scoring --------------------------------------------------------------------
+
+def dense_causal_window(q, k, v, centroids, window, share_qk, padding, rel_k, rel_v):
+  """Strictly causal routing as one dense [n, n] softmax per head, in TensorFlow (so it has
+  gradients): allowed = same cluster, j <= i, rank distance > -window, key not padding;
+  relative positions by rank distance. Returns (output [b, h, n, d], probabilities [b, h, n, n])."""
+  q_hat = common.layer_norm_no_scale(q)
+  k_hat = q_hat if share_qk else common.layer_norm_no_scale(k)
+  n = q.shape[2]
+  scores = tf.einsum("hcd,bhnd->bhnc", tf.stop_gradient(centroids), q_hat)
+  clusters = tf.argmax(scores, axis=-1, output_type=tf.int32)  # [b, h, n]
+  one_hot = tf.one_hot(clusters, centroids.shape[1], dtype=tf.int32)
+  rank = tf.reduce_sum(tf.cumsum(one_hot, axis=2, exclusive=True) * one_hot, axis=-1)
+  distance = rank[..., tf.newaxis, :] - rank[..., :, tf.newaxis]  # key rank - query rank
+  same = tf.equal(clusters[..., :, tf.newaxis], clusters[..., tf.newaxis, :])
+  causal = tf.range(n)[tf.newaxis, :] <= tf.range(n)[:, tf.newaxis]
+  allowed = same & causal & (distance > -window)
+  if padding is not None:
+    allowed &= ~tf.constant(padding)[:, tf.newaxis, tf.newaxis, :]
+  radius = (rel_k.shape[0] - 1) // 2
+  index = tf.clip_by_value(distance, -radius, radius) + radius  # [b, h, n, n]
+  logits = tf.einsum("bhid,bhjd->bhij", q_hat, k_hat)
+  logits += tf.einsum("bhid,bhijd->bhij", q_hat, tf.gather(rel_k, index))
+  logits = tf.where(allowed, logits, tf.constant(-1e30, logits.dtype))
+  probs = tf.nn.softmax(logits) * tf.cast(allowed, logits.dtype)
+  out = tf.einsum("bhij,bhjd->bhid", probs, v)
+  out += tf.einsum("bhij,bhijd->bhid", probs, tf.gather(rel_v, index))
+  return out, probs
+
+
+@pytest.mark.parametrize("n,window,clusters,share_qk,pad_last", [
+    (32, 8, 4, True, 0),   # blocks of 4, two look-back blocks
+    (30, 8, 3, False, 3),  # n not a multiple of the block; padding
+    (35, 5, 3, True, 0),   # odd window: blocks of 5, one look-back block
+    (24, 24, 1, True, 4),  # one cluster, window = n: dense causal attention
+])
+def test_causal_window_gradients_equal_a_dense_reference(rng, n, window, clusters, share_qk,
+                                                         pad_last):
+  q, k, v = [tf.constant(rng.standard_normal((2, 2, n, 8))) for _ in range(3)]
+  mu = tf.constant(rng.standard_normal((2, clusters, 8)))
+  rel_k, rel_v = [tf.constant(rng.standard_normal((9, 8))) for _ in range(2)]
+  padding = None
+  if pad_last:
+    padding = np.zeros((2, n), bool)
+    padding[1, -pad_last:] = True
+  real = np.ones((2, n), bool) if padding is None else ~padding
+  cotangent = tf.constant(rng.standard_normal((2, 2, n, 8)) * real[:, None, :, None])
+  inputs = [q, v, rel_k, rel_v] + ([] if share_qk else [k])
+  with tf.GradientTape(persistent=True) as tape:
+    tape.watch(inputs)
+    out, aux = cw.causal_window_attention(q, k, v, mu, window, share_qk=share_qk,
+                                          padding=padding, relative_keys=rel_k,
+                                          relative_values=rel_v)
+    want, probs = dense_causal_window(q, k, v, mu, window, share_qk, padding, rel_k, rel_v)
+    loss, loss_want = tf.reduce_sum(out * cotangent), tf.reduce_sum(want * cotangent)
+  mask = real[:, None, :, None]
+  np.testing.assert_allclose(np.where(mask, out, 0), np.where(mask, want, 0), atol=1e-12)
+  self_weight = np.einsum("bhii->bhi", probs.numpy())  # the weight on itself
+  np.testing.assert_allclose(np.where(real[:, None], aux["self_weight"], 0),
+                             np.where(real[:, None], self_weight, 0), atol=1e-12)
+  for got, expected in zip(tape.gradient(loss, inputs), tape.gradient(loss_want, inputs)):
+    assert np.abs(expected).max() > 0
+    np.testing.assert_allclose(got, expected, atol=1e-11)
+
+
+@pytest.mark.parametrize("window,keys", [(8, 12), (16, 24), (5, 10), (1, 2)])
+def test_causal_window_scores_1_5_w_keys(rng, window, keys):
+  """Each query block of w / 2 (w even) scores w + w / 2 keys, not 2 w; an odd w keeps blocks
+  of w and 2 w keys."""
+  assert cw.score_blocks(window)[0] * (cw.score_blocks(window)[1] + 1) == keys
+  q = rng.standard_normal((1, 1, 32, 4)).astype(np.float32)
+  mu = rng.standard_normal((1, 2, 4)).astype(np.float32)
+  graph = tf.Graph()
+  with graph.as_default():
+    cw.causal_window_attention(q, q, q, mu, window)
+    ops = graph.get_operations()
+    widths = {op.outputs[0].shape[-1] for op in ops if op.type == "Softmax"}
+    # The self-weight diagnostic is a diagonal of the weights, not a product with a mask.
+    masked_products = [op.name for op in ops if op.type == "Mul" and
+                       op.outputs[0].shape.rank == 5 and op.outputs[0].dtype.is_floating]
+    diagonals = [op for op in ops if op.type.startswith("MatrixDiagPart")]
+  assert widths == {keys}
+  assert not masked_products and len(diagonals) == 1
+
+
+
+# --- the benchmark's useful FLOPs ---------------------------------------------------------------
+
+def test_useful_flops_per_token_hand_numbers():
+  """benchmarks/train_step.py's count: bench-8k routing is 121 MFLOP/token (the figure of the
+  performance issue); causal block pairs by hand."""
+  import os  # pylint: disable=g-import-not-at-top
+  import sys  # pylint: disable=g-import-not-at-top
+  sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                  "benchmarks"))
+  import train_step  # pylint: disable=g-import-not-at-top
+  assert train_step.causal_pairs(8, 4, 4) == (0 + 10) + (16 + 10)
+  assert train_step.causal_pairs(8, 4, 8) == 36  # the flange is cut at the start
+  n = 8192
+  local_pairs = train_step.causal_pairs(n, 256, 256)
+  assert local_pairs == 256 * 256 * 31 + 32 * 256 * 257 // 2
+  layer = (4 * 2 * 512 ** 2 + 2 * 8 * 64 ** 2 + 3 * 2 * 512 * 2048 +
+           6 * local_pairs * 8 * 64 / n + 2 * (16 * 512 * 513 // 2 * 8 * 64 + 2 * 64 * 16 * n) / n)
+  per_token = 3 * (2 * 512 * 512 + 4 * layer + 2 * 512 * 256)
+  routing = train_step.model_hparams("routing", n)
+  assert train_step.useful_flops_per_token(routing, 256) == pytest.approx(per_token, rel=1e-12)
+  assert round(per_token / 1e6) == 121
+  full = train_step.model_hparams("full", 1024)
+  assert full.full_attention and full.sparsity_cluster_num_heads == 0
+  assert train_step.model_hparams("routing", 32768).sparsity_cluster_size == 64
