@@ -79,7 +79,7 @@ def ffn_and_plain(rng, dtype, plain=False):
   return values, graph
 
 
-@pytest.mark.parametrize("dtype,rtol", [(tf.float64, 1e-12), (tf.float32, 1e-6)])
+@pytest.mark.parametrize("dtype,rtol", [(tf.float64, 1e-12), (tf.float32, 1e-5)])
 def test_geglu_custom_gradient_equals_the_plain_gradient(dtype, rtol):
   (y, grads), _ = ffn_and_plain(np.random.default_rng(0), dtype)
   (y_plain, grads_plain), _ = ffn_and_plain(np.random.default_rng(0), dtype, plain=True)
@@ -303,7 +303,8 @@ def test_per_kind_projections_equal_the_sliced_heads(rng, overrides, causal, use
     grads_ref = tf1.gradients(tf.reduce_sum(y_ref * cotangent), [x] + variables)
     names = ["x"] + [v.name for v in variables]
     assert [g is None for g in grads] == [g is None for g in grads_ref] == [False] * len(names)
-    y, y_ref, grads, grads_ref = run_graph([y, y_ref, grads, grads_ref])
+    dense = lambda gs: [tf.convert_to_tensor(g) for g in gs]  # gathers give IndexedSlices
+    y, y_ref, grads, grads_ref = run_graph([y, y_ref, dense(grads), dense(grads_ref)])
   real = np.ones((2, 64), bool) if padding is None else ~padding
   np.testing.assert_allclose(y[real], y_ref[real], rtol=1e-5, atol=1e-6)
   for got, want, name in zip(grads, grads_ref, names):
@@ -409,6 +410,7 @@ def test_causal_window_gradients_equal_a_dense_reference(rng, n, window, cluster
   np.testing.assert_allclose(np.where(real[:, None], aux["self_weight"], 0),
                              np.where(real[:, None], self_weight, 0), atol=1e-12)
   for got, expected in zip(tape.gradient(loss, inputs), tape.gradient(loss_want, inputs)):
+    got, expected = tf.convert_to_tensor(got), tf.convert_to_tensor(expected)  # gathers: slices
     assert np.abs(expected).max() > 0
     np.testing.assert_allclose(got, expected, atol=1e-11)
 
