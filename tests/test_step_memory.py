@@ -1,8 +1,9 @@
 """The training step's memory and waste rewrites equal the plain computations, gradients included:
 GEGLU's custom gradient, the chunked output projection + cross-entropy (`logits_chunk_size`), the
 per-kind q/k/v projections (no routing K with share_qk, no strided slices of the heads) and the
-causal_window scoring (blocks of w / 2 with two look-back blocks); and each keeps less alive
-for the backward pass (read off the graph: which forward tensors the gradient ops read)."""
+causal_window scoring (the self weight read off a diagonal, the look-back block by tf.slice); and
+each keeps less alive for the backward pass (read off the graph: which forward tensors the
+gradient ops read)."""
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -380,9 +381,9 @@ def dense_causal_window(q, k, v, centroids, window, share_qk, padding, rel_k, re
 
 
 @pytest.mark.parametrize("n,window,clusters,share_qk,pad_last", [
-    (32, 8, 4, True, 0),   # blocks of 4, two look-back blocks
+    (32, 8, 4, True, 0),   # blocks of 8, one look-back block
     (30, 8, 3, False, 3),  # n not a multiple of the block; padding
-    (35, 5, 3, True, 0),   # odd window: blocks of 5, one look-back block
+    (35, 5, 3, True, 0),   # odd window
     (24, 24, 1, True, 4),  # one cluster, window = n: dense causal attention
 ])
 def test_causal_window_gradients_equal_a_dense_reference(rng, n, window, clusters, share_qk,
@@ -415,25 +416,71 @@ def test_causal_window_gradients_equal_a_dense_reference(rng, n, window, cluster
     np.testing.assert_allclose(got, expected, atol=1e-11)
 
 
-@pytest.mark.parametrize("window,keys", [(8, 12), (16, 24), (5, 10), (1, 2)])
-def test_causal_window_scores_1_5_w_keys(rng, window, keys):
-  """Each query block of w / 2 (w even) scores w + w / 2 keys, not 2 w; an odd w keeps blocks
-  of w and 2 w keys."""
-  assert cw.score_blocks(window)[0] * (cw.score_blocks(window)[1] + 1) == keys
+@pytest.mark.parametrize("window", [8, 16, 5, 1])
+def test_causal_window_self_weight_is_a_diagonal_and_look_back_is_not_strided(rng, window):
+  """Each query block of w scores 2w keys (its block and the one before); the self-weight
+  diagnostic is a diagonal of the weights, not a product with a [.., w, 2w] mask, and the
+  look-back block is a tf.slice (the backward pass has no StridedSliceGrad)."""
   q = rng.standard_normal((1, 1, 32, 4)).astype(np.float32)
   mu = rng.standard_normal((1, 2, 4)).astype(np.float32)
   graph = tf.Graph()
   with graph.as_default():
-    cw.causal_window_attention(q, q, q, mu, window)
+    qt = tf.constant(q)
+    out, _ = cw.causal_window_attention(qt, qt, qt, mu, window)
+    tf1.gradients(tf.reduce_sum(out), [qt])
     ops = graph.get_operations()
     widths = {op.outputs[0].shape[-1] for op in ops if op.type == "Softmax"}
-    # The self-weight diagnostic is a diagonal of the weights, not a product with a mask.
     masked_products = [op.name for op in ops if op.type == "Mul" and
-                       op.outputs[0].shape.rank == 5 and op.outputs[0].dtype.is_floating]
+                       op.outputs[0].shape.rank == 5 and op.outputs[0].dtype.is_floating and
+                       not op.name.startswith("gradients")]
     diagonals = [op for op in ops if op.type.startswith("MatrixDiagPart")]
-  assert widths == {keys}
+    strided = [op.name for op in ops if op.type == "StridedSliceGrad"]
+  assert widths == {2 * window}
   assert not masked_products and len(diagonals) == 1
+  assert not strided, strided
 
+
+def sorted_offsets(clusters, block):
+  """Each position's slot within its query block of the cluster-sorted order: [b, h, n]."""
+  order = np.argsort(clusters * clusters.shape[-1] + np.arange(clusters.shape[-1]), axis=-1,
+                     kind="stable")
+  return np.argsort(order, axis=-1) % block
+
+
+@pytest.mark.parametrize("window,relative,share_qk", [
+    (8, False, True), (16, False, True), (16, True, True), (32, True, False), (64, False, True)])
+def test_causal_window_earlier_outputs_are_bit_exact_when_later_positions_change(
+    rng, window, relative, share_qk):
+  """Strict causality holds exactly, not within a tolerance: new q, k, v after position t move
+  the earlier queries to other slots of the cluster-sorted blocks (the clusters of the later
+  positions change), and every output up to t stays bit for bit the same (eager and graph)."""
+  n, heads, depth = 128, 2, 8
+  q, k, v = [rng.standard_normal((1, heads, n, depth)).astype(np.float32) for _ in range(3)]
+  mu = rng.standard_normal((heads, max(2, n // window), depth)).astype(np.float32)
+  rel_k, rel_v = [rng.standard_normal((9, depth)).astype(np.float32) if relative else None
+                  for _ in range(2)]
+
+  def attend(q, k, v):
+    return cw.causal_window_attention(q, k, v, mu, window, share_qk=share_qk,
+                                      relative_keys=rel_k, relative_values=rel_v)
+
+  graph_attend = tf.function(attend)
+  out, aux = attend(q, k, v)
+  graph_out = graph_attend(q, k, v)[0].numpy()
+  block = window  # query blocks of w
+  offsets = sorted_offsets(aux["query_clusters"].numpy(), block)
+  moved = 0
+  for t in (30, 63, 90):
+    changed = [x.copy() for x in (q, k, v)]
+    for x in changed:
+      x[:, :, t + 1:] = rng.standard_normal(x[:, :, t + 1:].shape)
+    new_out, new_aux = attend(*changed)
+    new_offsets = sorted_offsets(new_aux["query_clusters"].numpy(), block)
+    moved += np.sum(new_offsets[..., :t + 1] != offsets[..., :t + 1])
+    np.testing.assert_array_equal(new_out.numpy()[:, :, :t + 1], out.numpy()[:, :, :t + 1])
+    np.testing.assert_array_equal(graph_attend(*changed)[0].numpy()[:, :, :t + 1],
+                                  graph_out[:, :, :t + 1])
+  assert moved > 0  # the earlier queries did change slots
 
 
 # --- the benchmark's useful FLOPs ---------------------------------------------------------------

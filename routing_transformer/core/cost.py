@@ -4,8 +4,7 @@ Per head and decoder layer, with n positions and d = hidden / heads:
   local (blocked) head   n (b + m) logits         (block b = query_shape, flange m)
   full head              n^2 logits               (full_attention: one block of n, no flange)
   routing head, "topk"   k w^2 logits + n k centroid scores   (k clusters, window w)
-  routing, causal_window n 1.5w logits + n k centroid scores  (blocks of w/2 in cluster order
-                         with two blocks of look-back; an odd w: blocks of w, n 2w logits)
+  routing, causal_window n 2w logits + n k centroid scores    (blocks of w in cluster order)
 FLOPs: 4 d per logit (q.k and the weighted sum of v, a multiply-add each) plus 2 d per centroid
 score; memory: the attention weights held per layer (logits + centroid scores), in floats.
 Counts are of what the implementation computes (masked entries included).
@@ -68,9 +67,7 @@ def attention_cost(hparams, length=None):
     flops += other * 4 * depth * local_logits
     memory += other * local_logits
     if routing:
-      # causal_window.score_blocks: blocks of w / 2 (w even) or w, each scoring w + block keys.
-      block = window // 2 if window % 2 == 0 else window
-      logits = n * (window + block) if causal_window else clusters * window * window
+      logits = n * 2 * window if causal_window else clusters * window * window
       flops += routing * (4 * depth * logits + 2 * depth * n * clusters)
       memory += routing * (logits + n * clusters)
   return Cost(flops, memory)

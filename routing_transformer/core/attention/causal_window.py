@@ -7,9 +7,19 @@ decoding is exact (a per-cluster cache of the last w keys/values).
 
 Static shapes: positions are sorted by (cluster, position); in that order each cluster is a
 contiguous run in sequence order, so query s (sorted index) attends to sorted indices
-(s - w, s] of its cluster. That is blocked attention masked to "same cluster, sorted distance
-< w", followed by un-sorting: blocks of w / 2 queries with two blocks of look-back (1.5 w keys
-per query) for an even w, else blocks of w with one (2 w keys). Cost O(n w d).
+(s - w, s] of its cluster. That is blocked attention with block w and one block of look-back
+(2w keys per query), masked to "same cluster, sorted distance < w", followed by un-sorting.
+Cost O(n w d).
+
+Exactness: a query's slot inside its block depends on how many positions, later ones included,
+sit in lower clusters, so every slot must compute a query's output bit for bit the same. With
+2w keys a query's w window entries (the others are exact zeros after the softmax's exp) sit at
+w consecutive slots of a row of 2w; when w is a multiple of the SIMD width the row is whole
+vector packets and a shift of the query's slot only rotates the lanes the sums (softmax
+denominator) add them in, which the pairwise lane reduction does not notice; the weights x
+values matmul adds the nonzero terms in key order in every slot. Blocks of w / 2 scoring 1.5w
+keys leave a partial packet (1.5w = 24 at w = 16 with 16-lane AVX-512), and earlier logits then
+moved by ~1e-7 when later tokens changed (`tests/test_keras.py`), so the scoring keeps 2w.
 Logits are unscaled q_hat . k_hat (as in paper routing); relative positions use the distance in
 the cluster's order (the rank distance of paper routing).
 """
@@ -33,27 +43,16 @@ def sort_by_cluster(clusters):
   return tf.argsort(keys, axis=-1, stable=True)
 
 
-def score_blocks(window):
-  """(block, look-back blocks) of the sorted order for a window w: every query sees the w - 1
-  sorted positions before it within its block and `look-back` blocks of `block` positions, so
-  look-back x block = w. Blocks of w / 2 with two look-back blocks score 1.5 w keys per query
-  (w even); blocks of w with one score 2 w (w odd)."""
-  if window % 2 == 0:
-    return window // 2, 2
-  return window, 1
-
-
-def look_back_blocks(x, block, num_back=1, fill=0):
-  """[b, h, nb * block, ...] -> [b, h, nb, (num_back + 1) * block, ...]: each block preceded by
-  the `num_back` blocks before it (before the first block: `fill`)."""
+def look_back_blocks(x, window, fill=0):
+  """[b, h, nb * w, ...] -> [b, h, nb, 2w, ...]: each block with the block before it (the
+  first block's look-back is `fill`)."""
   shape = x.shape.as_list()
-  num_blocks = shape[2] // block
-  blocks = tf.reshape(x, [-1, shape[1], num_blocks, block] + shape[3:])
-  padded = tf.pad(blocks, [[0, 0], [0, 0], [num_back, 0]] + [[0, 0]] * (len(shape) - 2),
+  num_blocks = shape[2] // window
+  blocks = tf.reshape(x, [-1, shape[1], num_blocks, window] + shape[3:])
+  padded = tf.pad(blocks, [[0, 0], [0, 0], [1, 0]] + [[0, 0]] * (len(shape) - 2),
                   constant_values=fill)
   # tf.slice (gradient: one Pad), not a strided slice (StridedSliceGrad).
-  previous = [common.slice_axis(padded, 2, start, num_blocks) for start in range(num_back)]
-  return tf.concat(previous + [blocks], axis=3)
+  return tf.concat([common.slice_axis(padded, 2, 0, num_blocks), blocks], axis=3)
 
 
 def causal_window_attention(q, k, v, centroids, window, share_qk=True, padding=None,
@@ -93,9 +92,7 @@ def causal_window_attention(q, k, v, centroids, window, share_qk=True, padding=N
   aux["commitment_loss"] = loss
 
   order = sort_by_cluster(clusters)  # [b, h, n]
-  block, num_back = score_blocks(window)
-  keys = (num_back + 1) * block  # keys scored per query: 1.5 w (w even) or 2 w
-  padded_n = -(-n // block) * block
+  padded_n = -(-n // window) * window
   extra = padded_n - n
 
   def sorted_blocks(x, fill=0):
@@ -106,27 +103,26 @@ def causal_window_attention(q, k, v, centroids, window, share_qk=True, padding=N
     return x
 
   q_s = sorted_blocks(q_hat)  # [b, h, N, d]
-  k_s = look_back_blocks(sorted_blocks(k_hat), block, num_back)  # [b, h, nb, keys, d]
-  v_s = look_back_blocks(sorted_blocks(v), block, num_back)
+  k_s = look_back_blocks(sorted_blocks(k_hat), window)  # [b, h, nb, 2w, d]
+  v_s = look_back_blocks(sorted_blocks(v), window)
   c_s = sorted_blocks(clusters, fill=-1)  # [b, h, N]; -1 marks the filler slots
-  c_k = look_back_blocks(c_s, block, num_back, fill=-2)  # [b, h, nb, keys]; -2: before the start
-  num_blocks = padded_n // block
-  q_b = tf.reshape(q_s, [-1, heads, num_blocks, block, depth])
-  c_q = tf.reshape(c_s, [-1, heads, num_blocks, block])
+  c_k = look_back_blocks(c_s, window, fill=-2)  # [b, h, nb, 2w]; -2: before the sequence
+  num_blocks = padded_n // window
+  q_b = tf.reshape(q_s, [-1, heads, num_blocks, window, depth])
+  c_q = tf.reshape(c_s, [-1, heads, num_blocks, window])
 
-  logits = tf.einsum("bhnqd,bhnkd->bhnqk", q_b, k_s)  # [b, h, nb, block, keys]
-  self_key = num_back * block  # = w: the key slot of a block's first query itself
-  query_index = tf.range(block)[:, tf.newaxis] + self_key  # sorted offset within the keys
-  key_index = tf.range(keys)[tf.newaxis, :]
-  distance = key_index - query_index  # [block, keys], in (-keys, block)
+  logits = tf.einsum("bhnqd,bhnkd->bhnqk", q_b, k_s)  # [b, h, nb, w, 2w]
+  query_index = tf.range(window)[:, tf.newaxis] + window  # sorted offset within the 2w keys
+  key_index = tf.range(2 * window)[tf.newaxis, :]
+  distance = key_index - query_index  # [w, 2w], in (-2w, w)
   allowed = tf.logical_and(distance <= 0, distance > -window)[tf.newaxis, tf.newaxis, tf.newaxis]
   allowed = tf.logical_and(allowed, tf.equal(c_q[..., tf.newaxis], c_k[:, :, :, tf.newaxis, :]))
   if pad is not None:
     p_k = look_back_blocks(sorted_blocks(tf.cast(pad, tf.int32)[:, tf.newaxis, :] *
-                                         tf.ones_like(clusters), fill=1), block, num_back, fill=1)
+                                         tf.ones_like(clusters), fill=1), window, fill=1)
     allowed = tf.logical_and(allowed, tf.equal(p_k, 0)[:, :, :, tf.newaxis, :])
   if relative_keys is not None:
-    logits += common.relative_logits(q_b, relative_keys, self_key, 0, keys, causal=True)
+    logits += common.relative_logits(q_b, relative_keys, window, 0, 2 * window, causal=True)
   logits = common.scale_logits(logits, logit_scale)
   if exclude_self:  # the query's own slot is at sorted distance 0
     allowed = common.exclude_self(allowed, tf.equal(distance, 0))
@@ -134,14 +130,14 @@ def causal_window_attention(q, k, v, centroids, window, share_qk=True, padding=N
   dropped = common.attention_dropout(probs, dropout_rate)
   out = tf.einsum("bhnqk,bhnkd->bhnqd", dropped, v_s)
   if relative_values is not None:
-    out += common.relative_outputs(dropped, relative_values, self_key, 0, causal=True)
+    out += common.relative_outputs(dropped, relative_values, window, 0, causal=True)
   if pad is not None:
     out = common.zero_empty_rows(out, allowed)
   out = common.slice_axis(tf.reshape(out, [-1, heads, padded_n, v.shape[-1]]), 2, 0, n)
   unsort = tf.argsort(order, axis=-1)
   # Diagnostics (as routing_attention's): every query is in its cluster; its weight on itself,
-  # the diagonal of the [block, keys] weights that starts at key slot self_key.
-  self_probs = tf.linalg.diag_part(probs, k=self_key)  # [b, h, nb, block]
+  # the diagonal of the [w, 2w] weights that starts at key slot w.
+  self_probs = tf.linalg.diag_part(probs, k=window)  # [b, h, nb, w]
   self_probs = tf.reshape(self_probs, [-1, heads, padded_n])[:, :, :n]
   aux["member_count"] = tf.ones_like(self_probs)
   aux["self_weight"] = tf.gather(self_probs, unsort, axis=2, batch_dims=2)
