@@ -15,6 +15,7 @@ from routing_transformer.core import heads
 from routing_transformer.core import layers
 from routing_transformer.core.attention import causal_window as cw
 from routing_transformer.core.attention import common
+from routing_transformer.core.attention import routing
 from routing_transformer.t2t import model as model_lib
 from tensor2tensor.layers import common_layers
 from test_model import EVAL, TRAIN, VOCAB, build, random_targets, small_hparams
@@ -481,6 +482,45 @@ def test_causal_window_earlier_outputs_are_bit_exact_when_later_positions_change
     np.testing.assert_array_equal(graph_attend(*changed)[0].numpy()[:, :, :t + 1],
                                   graph_out[:, :, :t + 1])
   assert moved > 0  # the earlier queries did change slots
+
+
+# --- top-k routing's self mask ----------------------------------------------------------------
+
+def topk_cluster_attention(q, v, mu, window, causal, exclude_self, compare):
+  """cluster_attention of share_qk top-k routing: (output, self_weight); compare=True hands it
+  the key members as another tensor, so it takes the member-index comparison path (the
+  computation before the static identity)."""
+  q_hat = common.layer_norm_no_scale(q)
+  aux = routing.route(q_hat, q_hat, tf.stop_gradient(mu), window, True, not causal)
+  if compare:
+    aux["key_indices"] = tf.identity(aux["query_indices"])
+  out, aux = routing.cluster_attention(aux, v, window, causal, exclude_self=exclude_self)
+  return out, aux["self_weight"]
+
+
+@pytest.mark.parametrize("causal,exclude_self", [(True, False), (True, True), (False, True)])
+def test_topk_self_mask_from_a_static_identity_is_exact(rng, causal, exclude_self):
+  """With the key members the query members, "is self" is the identity [w, w] and the self
+  weight the diagonal: outputs, self weights and gradients bit for bit those of the [b, h, c, w,
+  w] member-index comparisons (float64), and no rank-5 comparison is built."""
+  q, v = [tf.constant(rng.standard_normal((2, 2, 32, 8))) for _ in range(2)]
+  mu = tf.constant(rng.standard_normal((2, 4, 8)))
+  results = []
+  for compare in (False, True):
+    with tf.GradientTape() as tape:
+      tape.watch([q, v])
+      out, self_weight = topk_cluster_attention(q, v, mu, 8, causal, exclude_self, compare)
+      loss = tf.reduce_sum(out * tf.sin(tf.range(8, dtype=out.dtype)))
+    results.append([out, self_weight] + tape.gradient(loss, [q, v]))
+  for got, want in zip(*results):
+    assert np.abs(want.numpy()).max() > 0
+    np.testing.assert_array_equal(got.numpy(), want.numpy())
+  graph = tf.Graph()
+  with graph.as_default():
+    topk_cluster_attention(q.numpy(), v.numpy(), mu.numpy(), 8, causal, exclude_self, False)
+    rank5 = [op.name for op in graph.get_operations() if op.type in ("Equal", "Mul") and
+             op.outputs[0].shape.rank == 5 and op.outputs[0].shape[-2:] == [8, 8]]
+  assert not rank5, rank5
 
 
 # --- the benchmark's useful FLOPs ---------------------------------------------------------------

@@ -226,9 +226,13 @@ def cluster_attention(aux, v, window, causal, key_padding=None, relative_keys=No
                         batch_dims=1)
     key_pad = tf.reshape(key_pad, tf.shape(key_indices))[:, :, :, tf.newaxis, :]
     allowed = tf.logical_and(allowed, tf.logical_not(key_pad))
+  # The key members are the query members (causal, or share_qk): query rank r's own key is
+  # rank r, so "is self" is the static identity [w, w] (members are distinct positions).
+  members_shared = key_indices is query_indices
   if exclude_self:
-    allowed = common.exclude_self(tf.broadcast_to(allowed, tf.shape(logits)), tf.equal(
-        query_indices[..., :, tf.newaxis], key_indices[..., tf.newaxis, :]))
+    is_self = tf.eye(window, dtype=tf.bool) if members_shared else tf.equal(
+        query_indices[..., :, tf.newaxis], key_indices[..., tf.newaxis, :])
+    allowed = common.exclude_self(tf.broadcast_to(allowed, tf.shape(logits)), is_self)
   probs = common.masked_softmax(logits, allowed)
   dropped = common.attention_dropout(probs, dropout_rate)
   out_c = tf.matmul(dropped, v_c)
@@ -241,9 +245,12 @@ def cluster_attention(aux, v, window, causal, key_padding=None, relative_keys=No
   ones = tf.ones_like(query_indices, dtype=summed.dtype)[..., tf.newaxis]
   count = scatter_clusters(ones, query_indices, n)  # [b, h, n, 1]
   # Diagnostics (graph mode computes them only where used: the TRAIN summaries).
-  is_self = tf.cast(tf.equal(query_indices[..., :, tf.newaxis], key_indices[..., tf.newaxis, :]),
-                    probs.dtype)
-  self_probs = tf.reduce_sum(probs * is_self, axis=-1, keepdims=True)  # [b, h, c, w, 1]
+  if members_shared:  # the diagonal of the [w, w] weights
+    self_probs = tf.expand_dims(tf.linalg.diag_part(probs), -1)  # [b, h, c, w, 1]
+  else:
+    is_self = tf.cast(tf.equal(query_indices[..., :, tf.newaxis],
+                               key_indices[..., tf.newaxis, :]), probs.dtype)
+    self_probs = tf.reduce_sum(probs * is_self, axis=-1, keepdims=True)  # [b, h, c, w, 1]
   aux["member_count"] = count[..., 0]
   aux["self_weight"] = (scatter_clusters(self_probs, query_indices, n) /
                         (count + COUNT_EPSILON))[..., 0]
