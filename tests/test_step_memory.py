@@ -314,6 +314,25 @@ def test_per_kind_projections_equal_the_sliced_heads(rng, overrides, causal, use
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5, err_msg=name)
 
 
+def test_kernels_made_apart_start_as_dense_makes_them():
+  """dense_kernel and dense_variables give their kernels the initializer
+  tf.compat.v1.layers.dense gives its own (without a scope initializer: Keras' glorot_uniform,
+  not get_variable's), so the per-kind projections, GEGLU and the output layer start from the
+  same kind of draw as before; with a scope initializer, that one."""
+  def initializer_ops(graph, name):
+    return sorted(op.type for op in graph.get_operations()
+                  if op.name.startswith(name + "/kernel/Initializer/"))
+
+  for scope_initializer in (None, tf1.random_normal_initializer(0.0, 0.5)):
+    with tf.Graph().as_default() as graph:
+      with tf1.variable_scope("s", initializer=scope_initializer):
+        layers.dense(tf.zeros([2, 3, 4]), 5, "a")
+        layers.dense_kernel("b", 4, 5)
+        layers.dense_variables("c", 4, 5)
+      want = initializer_ops(graph, "s/a")
+      assert want and initializer_ops(graph, "s/b") == initializer_ops(graph, "s/c") == want
+
+
 @pytest.mark.parametrize("share_qk", [True, False])
 def test_no_routing_key_projection_with_share_qk(rng, share_qk):
   """The projections multiply x by 3 x hidden kernel columns, less the routing heads' key

@@ -21,18 +21,28 @@ def dense(x, units, name, use_bias=False):
   return tf1.layers.dense(x, units, use_bias=use_bias, name=name)
 
 
+def dense_initializer():
+  """The kernel initializer `dense` gets in the current variable scope: the scope's, else the
+  Keras base layer's default (glorot_uniform, tf.compat.v1.layers.dense's), not
+  tf.compat.v1.get_variable's own glorot_uniform (other random ops, other initial values)."""
+  initializer = tf1.get_variable_scope().initializer
+  return initializer if initializer is not None else tf.keras.initializers.get("glorot_uniform")
+
+
 def dense_kernel(name, inputs, units, dtype=tf.float32):
   """The kernel [inputs, units] of `dense(x, units, name)`, for computing with parts of it:
-  variable `name/kernel` as tf.compat.v1.layers.dense creates it (the scope's initializer)."""
+  variable `name/kernel` as tf.compat.v1.layers.dense creates it (`dense_initializer`)."""
   with tf1.variable_scope(name):
-    return tf1.get_variable("kernel", [inputs, units], dtype=dtype)
+    return tf1.get_variable("kernel", [inputs, units], dtype=dtype,
+                            initializer=dense_initializer())
 
 
 def dense_variables(name, inputs, units, dtype=tf.float32):
   """(kernel [inputs, units], bias [units]) of `dense(x, units, name, use_bias=True)`: the
-  variables `name/kernel` (the scope's initializer) and `name/bias` (zeros) it creates."""
+  variables `name/kernel` (`dense_initializer`) and `name/bias` (zeros) it creates."""
   with tf1.variable_scope(name):
-    kernel = tf1.get_variable("kernel", [inputs, units], dtype=dtype)
+    kernel = tf1.get_variable("kernel", [inputs, units], dtype=dtype,
+                              initializer=dense_initializer())
     bias = tf1.get_variable("bias", [units], dtype=dtype, initializer=tf1.zeros_initializer())
   return kernel, bias
 
