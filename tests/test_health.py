@@ -34,7 +34,8 @@ def test_nan_loss_and_gradient_stop_the_step_without_a_poisoned_checkpoint(tmp_p
     train_op, scale, poison, first = build_training()
     with tf.train.MonitoredTrainingSession(checkpoint_dir=str(tmp_path),
                                            save_checkpoint_steps=1,
-                                           save_summaries_steps=None) as sess:
+                                           save_summaries_steps=None,
+                                           save_graph_def=False) as sess:  # no graph.pbtxt
       for _ in range(2):
         sess.run(train_op)
       before = sess.run(first)
