@@ -42,7 +42,10 @@ def sparse_transformer_local():
   hparams.optimizer_adafactor_decay_type = "pow"
   hparams.optimizer_adafactor_memory_exponent = 0.8
   hparams.optimizer_adafactor_multiply_by_parameter_scale = True
-  hparams.learning_rate_schedule = "constant*linear_warmup*rsqrt_normalized_decay"
+  # The original's schedule: flat learning_rate_constant up to learning_rate_warmup_steps, then
+  # rsqrt decay (0.01 * sqrt(10000 / max(step, 10000))); no warm-up. The tiny/demo/test sets of
+  # sets.py add a linear warm-up (sets.WARMUP_SCHEDULE).
+  hparams.learning_rate_schedule = "constant*rsqrt_normalized_decay"
   hparams.learning_rate_constant = 0.01
   hparams.learning_rate_warmup_steps = 10000
   hparams.shared_embedding_and_softmax_weights = False
@@ -78,9 +81,17 @@ def sparse_transformer_local():
       full_attention=False,
       routing_mode="topk",       # "topk" (paper) or "causal_window" (strictly causal)
       random_routing=False,      # Random Transformer baseline: members drawn at random
-      # Legacy switch for original-release checkpoints trained with share_qk=False: causal keys
-      # routed by their own centroid scores, rank-triangle mask (attention/routing.py).
+      # Legacy switches reproducing defects of the original release (off in every set):
+      # for its checkpoints trained with share_qk=False, causal keys routed by their own centroid
+      # scores with a rank-triangle mask (core/attention/legacy.py);
       legacy_causal_key_routing=False,
+      # to continue or compare its runs step for step, its k-means counts, which interleave the
+      # routing heads with the positions (kmeans.interleaved_counts; the sums stay per head).
+      legacy_kmeans_counts=False,
+      # Padding as the original release routes it: padding positions compete for cluster slots
+      # and enter the k-means statistics and commitment loss (no key mask in the decoder). The
+      # Scorer sets it for original-release checkpoints (core/attention/routing.py).
+      routing_padding_as_original=False,
       # Extensions beyond the paper (off here and in every paper set; docs/routing_learning.md):
       routing_exclude_self=False,  # a routing query skips its own position if it has others
       routing_logit_scale="none",  # "none" (paper) | "rsqrt_depth" | "learned" (per head)

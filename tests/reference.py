@@ -63,10 +63,8 @@ def full(q, k, v, causal=True, padding=None, scale=None):
   return out
 
 
-def local(q, k, v, block_length, flange, causal=True, rel_k=None, rel_v=None, padding=None,
-          scale=None):
-  bsz, heads, n, d = q.shape
-  scale = d ** -0.5 if scale is None else scale
+def local_pattern(n, block_length, flange, causal=True):
+  """Blocked local attention as a dense pattern: (allowed [n, n], distance j - i [n, n])."""
   i = np.arange(n)[:, None]
   j = np.arange(n)[None, :]
   bi, bj = i // block_length, j // block_length
@@ -75,11 +73,19 @@ def local(q, k, v, block_length, flange, causal=True, rel_k=None, rel_v=None, pa
     window = (bj >= bi - reach) & (bj <= bi) & (j <= i)
   else:
     window = np.abs(bj - bi) <= reach
+  return window, j - i
+
+
+def local(q, k, v, block_length, flange, causal=True, rel_k=None, rel_v=None, padding=None,
+          scale=None):
+  bsz, heads, n, d = q.shape
+  scale = d ** -0.5 if scale is None else scale
+  window, distance = local_pattern(n, block_length, flange, causal)
   out = np.zeros(q.shape[:3] + (v.shape[-1],))
   for b in range(bsz):
     allowed = window & ~_pad_mask(padding, b, n)[None, :]
     for h in range(heads):
-      out[b, h] = attend(q[b, h] * scale, k[b, h], v[b, h], allowed, j - i, rel_k, rel_v)
+      out[b, h] = attend(q[b, h] * scale, k[b, h], v[b, h], allowed, distance, rel_k, rel_v)
   return out
 
 
@@ -107,8 +113,43 @@ def head_scales(logit_scale, heads):
                                     np.float64), [heads])
 
 
+def routing_pattern(q_hat, k_hat, mu, window, causal=True, share_qk=True, pad=None,
+                    padding_as_original=False):
+  """One (batch, head) of routing attention as dense per-centroid patterns.
+
+  q_hat, k_hat [n, d] normalised, mu [c, d], pad bool [n] or None. padding_as_original: the
+  original release's padding (members chosen as if nothing were padding; padding keys masked
+  only in non-causal attention). Returns [(in_q [n], allowed [n, n], rank distance [n, n])], one
+  per centroid: the cluster's query members, the (query, key) pairs it allows, key rank - query
+  rank inside the sorted cluster.
+  """
+  n = q_hat.shape[0]
+  pad = np.zeros(n, bool) if pad is None else pad
+  member_pad = np.zeros(n, bool) if padding_as_original else pad
+  key_pad = np.zeros(n, bool) if padding_as_original and causal else pad
+  sq = mu @ q_hat.T  # [c, n]
+  sk = mu @ k_hat.T
+  patterns = []
+  for c in range(mu.shape[0]):
+    q_members = members(sq[c], window, member_pad)
+    k_members = q_members if (causal or share_qk) else members(sk[c], window, member_pad)
+    in_q = np.zeros(n, bool)
+    in_q[q_members] = True
+    in_k = np.zeros(n, bool)
+    in_k[k_members] = True
+    rank_q = np.full(n, -10 ** 6)
+    rank_q[q_members] = np.arange(window)
+    rank_k = np.full(n, -10 ** 6)
+    rank_k[k_members] = np.arange(window)
+    allowed = in_q[:, None] & in_k[None, :] & ~key_pad[None, :]
+    if causal:
+      allowed &= np.tri(n, n, dtype=bool)
+    patterns.append((in_q, allowed, rank_k[None, :] - rank_q[:, None]))
+  return patterns
+
+
 def routing(q, k, v, centroids, window, causal=True, share_qk=True, padding=None, rel_k=None,
-            rel_v=None, exclude_self=False, logit_scale=None):
+            rel_v=None, exclude_self=False, logit_scale=None, padding_as_original=False):
   """Routing attention; returns (output, query_clusters, commitment_loss)."""
   bsz, heads, n, _ = q.shape
   q_hat = layer_norm(q)
@@ -119,6 +160,7 @@ def routing(q, k, v, centroids, window, causal=True, share_qk=True, padding=None
   sq_err, count_err = 0.0, 0
   for b in range(bsz):
     pad = _pad_mask(padding, b, n)
+    loss_pad = np.zeros(n, bool) if padding_as_original else pad
     for h in range(heads):
       mu = centroids[h]
       sq = mu @ q_hat[b, h].T  # [c, n]
@@ -127,33 +169,36 @@ def routing(q, k, v, centroids, window, causal=True, share_qk=True, padding=None
       terms = [(q_hat, sq)] + ([] if share_qk else [(k_hat, sk)])
       for x, s in terms:
         diff = x[b, h] - mu[s.argmax(0)]
-        sq_err += (diff[~pad] ** 2).sum() / len(terms)
-        count_err += (~pad).sum() * x.shape[-1] / len(terms)
+        sq_err += (diff[~loss_pad] ** 2).sum() / len(terms)
+        count_err += (~loss_pad).sum() * x.shape[-1] / len(terms)
       total = np.zeros((n, v.shape[-1]))
       count = np.zeros(n)
-      for c in range(mu.shape[0]):
-        q_members = members(sq[c], window, pad)
-        k_members = q_members if (causal or share_qk) else members(sk[c], window, pad)
-        in_q = np.zeros(n, bool)
-        in_q[q_members] = True
-        in_k = np.zeros(n, bool)
-        in_k[k_members] = True
-        rank_q = np.full(n, -10 ** 6)
-        rank_q[q_members] = np.arange(window)
-        rank_k = np.full(n, -10 ** 6)
-        rank_k[k_members] = np.arange(window)
-        allowed = in_q[:, None] & in_k[None, :] & ~pad[None, :]
-        if causal:
-          allowed &= np.tri(n, n, dtype=bool)
+      for in_q, allowed, rank_distance in routing_pattern(
+          q_hat[b, h], k_hat[b, h], mu, window, causal, share_qk, pad, padding_as_original):
         if exclude_self:
           allowed = without_self(allowed)
-        rank_distance = rank_k[None, :] - rank_q[:, None]
         o = attend(q_hat[b, h] * scales[h], k_hat[b, h], v[b, h], allowed, rank_distance, rel_k,
                    rel_v)
         total[in_q] += o[in_q]
         count[in_q] += 1
       out[b, h] = total / (count[:, None] + COUNT_EPSILON)
   return out, clusters, sq_err / max(count_err, 1)
+
+
+def causal_window_pattern(clusters, window):
+  """Strictly causal routing of one (batch, head) with assignments `clusters` [n] as a dense
+  pattern: (allowed [n, n]: the last `window` positions j <= i of i's cluster, distance [n, n]:
+  j's index in the cluster's order minus i's)."""
+  a = clusters
+  n = len(a)
+  rank = np.zeros(n, np.int64)  # index of each position within its cluster
+  for i in range(n):
+    rank[i] = (a[:i] == a[i]).sum()
+  allowed = np.zeros((n, n), bool)
+  for i in range(n):
+    same = [j for j in range(i + 1) if a[j] == a[i]][-window:]
+    allowed[i, same] = True
+  return allowed, rank[None, :] - rank[:, None]
 
 
 def causal_window(q, k, v, centroids, window, share_qk=True, padding=None, rel_k=None,
@@ -171,17 +216,10 @@ def causal_window(q, k, v, centroids, window, share_qk=True, padding=None, rel_k
     for h in range(heads):
       a = (centroids[h] @ q_hat[b, h].T).argmax(0)
       clusters[b, h] = a
-      rank = np.zeros(n, np.int64)  # index of each position within its cluster
-      for i in range(n):
-        rank[i] = (a[:i] == a[i]).sum()
-      allowed = np.zeros((n, n), bool)
-      for i in range(n):
-        same = [j for j in range(i + 1) if a[j] == a[i]][-window:]
-        allowed[i, same] = True
+      allowed, distance = causal_window_pattern(a, window)
       allowed &= ~pad[None, :]
       if exclude_self:
         allowed = without_self(allowed)
-      distance = rank[None, :] - rank[:, None]
       out[b, h] = attend(q_hat[b, h] * scales[h], k_hat[b, h], v[b, h], allowed, distance, rel_k,
                          rel_v)
   return out, clusters

@@ -156,10 +156,15 @@ def pg19_2k(fake, tmp_path_factory):
 
 
 def test_pg19_length2k_datagen_cuts_books_and_never_joins_them(pg19_2k):
+  """The books (a title line, a blank line, then text) read as stripped lines: ids = each line
+  encoded by T2T's own encoder, joined; no newline escape anywhere; whole lines packed."""
   from tensor2tensor.utils import registry  # pylint: disable=g-import-not-at-top
+  from problems import pg19_reading  # pylint: disable=g-import-not-at-top
+  from test_problems import check_packing, escaped, line_ids, plain_encoder  # pylint: disable=g-import-not-at-top
   data_dir, texts = pg19_2k
   problem = registry.problem("pg19_length2k")
-  encoder = problem.feature_encoders(data_dir)["targets"]
+  plain = plain_encoder(data_dir, "pg19_length2k")
+  assert pg19_reading.newline_subwords(plain) == []  # built from stripped lines
   assert os.path.exists(os.path.join(data_dir, "vocab.pg19_length2k.%d.subwords" % VOCAB))
   by_split = {"train": [], "validation": [], "test": []}
   for work in shakespeare.WORKS:
@@ -173,9 +178,15 @@ def test_pg19_length2k_datagen_cuts_books_and_never_joins_them(pg19_2k):
     assert set(books) == set(want)
     for book_id, ids in books.items():
       assert ids[-1] == lm.EOS_ID and np.sum(ids == lm.EOS_ID) == 1  # one EOS, at the end
-      assert encoder.decode(ids[:-1].tolist()) == want[book_id]
+      assert ids[:-1].tolist() == line_ids(plain, want[book_id])
+      assert "\\10;" not in escaped(plain, ids)
+      chunks = sorted((int(r["chunk"][0]), r["targets"].tolist()) for r in records
+                      if int(r["book_id"][0]) == book_id)
+      check_packing([c for _, c in chunks], [plain.encode(l.strip())
+                                             for l in want[book_id].split("\n") if l.strip()],
+                    2048)
     stats = problem.split_stats(data_dir, split)
-    assert stats["books"] == len(want)
+    assert stats["books"] == len(want) and stats["whole_text_books"] == 0
     assert stats["words"] == sum(perplexity.count_words(t) for t in want.values())
   chunks = collections.Counter(int(r["book_id"][0]) for r in read_records(
       "pg19_length2k", data_dir, "test"))

@@ -350,5 +350,8 @@ def test_cli_builds_from_hparams_json_and_prints_computed_sizes(rng, tmp_path, c
                                                               kmeans) in out
   assert "vocabulary: %d embedding rows, %d output columns; --vocab file: 200 subwords" % (
       VOCAB, VOCAB) in out
+  # which layers route, from the checkpoint's k-means variables (sparsity_skip_first = 1 of 2)
+  assert "clustering (routing) heads: decoder layer 1 of 2 (2 heads x 4 clusters); layer 0: " \
+      "local heads only" in out
   assert "--hparams=legacy_causal_key_routing=True" in out.strip().splitlines()[-1]
   assert tf.train.latest_checkpoint(str(tmp_path / "out"))

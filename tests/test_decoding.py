@@ -14,6 +14,7 @@ from routing_transformer.core.attention import incremental
 from routing_transformer.core.attention import local
 from routing_transformer.core.attention import routing
 from tensor2tensor.data_generators import problem_hparams
+import oracles
 from test_model import VOCAB, small_hparams
 
 tf1 = tf.compat.v1
@@ -48,9 +49,9 @@ def test_routing_step_equals_the_prefix_rule_at_every_position(rng, share_qk, ex
   q, k, v = qkv(rng)
   rel_k, rel_v = tables(rng)
   mu = tf.constant(rng.standard_normal((2, 4, 8)), tf.float32)
-  reference = incremental.prefix_routing_attention(q, k, v, mu, 8, share_qk=share_qk,
-                                                   relative_keys=rel_k, relative_values=rel_v,
-                                                   **extensions)
+  reference = oracles.prefix_routing_attention(q, k, v, mu, 8, share_qk=share_qk,
+                                               relative_keys=rel_k, relative_values=rel_v,
+                                               **extensions)
   q_hat = common.layer_norm_no_scale(q)
   k_hat = q_hat if share_qk else common.layer_norm_no_scale(k)
   scores = routing.centroid_scores(q_hat, mu)
@@ -69,7 +70,7 @@ def test_routing_step_equals_the_prefix_rule_at_every_position(rng, share_qk, ex
 def test_prefix_rule_at_the_last_position_is_paper_routing(rng):
   q, k, v = qkv(rng)
   mu = tf.constant(rng.standard_normal((2, 4, 8)), tf.float32)
-  prefix = incremental.prefix_routing_attention(q, k, v, mu, 8)
+  prefix = oracles.prefix_routing_attention(q, k, v, mu, 8)
   full, _ = routing.routing_attention(q, k, v, mu, 8)
   np.testing.assert_allclose(prefix[:, :, -1].numpy(), full[:, :, -1].numpy(), atol=1e-6)
 
@@ -100,9 +101,9 @@ def prefix_rule_patch(monkeypatch):
     _, aux = real(q, k, v, centroids, window, causal=causal, share_qk=share_qk, padding=padding,
                   relative_keys=relative_keys, relative_values=relative_values,
                   random_routing=random_routing, **extensions)
-    out = incremental.prefix_routing_attention(q, k, v, centroids, window, share_qk=share_qk,
-                                               relative_keys=relative_keys,
-                                               relative_values=relative_values, **extensions)
+    out = oracles.prefix_routing_attention(q, k, v, centroids, window, share_qk=share_qk,
+                                           relative_keys=relative_keys,
+                                           relative_values=relative_values, **extensions)
     return out, aux
 
   monkeypatch.setattr(layers.attention, "routing_attention", patched)

@@ -1040,6 +1040,7 @@ WRITERS = [
                                               "scripts/t2t_runs.py",
                                               "routing_transformer/tools/analysis.py"], "MODELS"),
     ("benchmarks/long_range_quality.py", "output", ["benchmarks/long_range_quality.py"], "TASKS"),
+    ("benchmarks/lookup_study.py", "out", ["benchmarks/lookup_study.py"], None),
     ("benchmarks/attention.py", "out", ["benchmarks/attention.py"], None),
     ("benchmarks/train_step.py", "out", ["benchmarks/train_step.py"], None),
     ("benchmarks/tiny_step_profile.py", "out", ["benchmarks/tiny_step_profile.py"], None),

@@ -171,7 +171,7 @@ def test_base_optimizer_settings(registry):
   assert hp.optimizer_adafactor_decay_type == "pow"
   assert hp.optimizer_adafactor_memory_exponent == pytest.approx(0.8)
   assert hp.optimizer_adafactor_multiply_by_parameter_scale is True
-  assert hp.learning_rate_schedule == "constant*linear_warmup*rsqrt_normalized_decay"
+  assert hp.learning_rate_schedule == "constant*rsqrt_normalized_decay"
   assert hp.learning_rate_constant == pytest.approx(0.01)
   assert hp.learning_rate_warmup_steps == 10000
   assert hp.initializer == "uniform_unit_scaling"
@@ -180,7 +180,79 @@ def test_base_optimizer_settings(registry):
   assert hp.label_smoothing == 0.0
 
 
+def learning_rates(hparams_sets, steps):
+  """T2T's learning_rate_schedule of each hparams set at each global step: [sets, steps]."""
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from tensor2tensor.utils import learning_rate  # pylint: disable=g-import-not-at-top
+  with tf.Graph().as_default():
+    global_step = tf.compat.v1.train.get_or_create_global_step()
+    rates = [learning_rate.learning_rate_schedule(hp) for hp in hparams_sets]
+    with tf.compat.v1.Session() as sess:
+      values = []
+      for step in steps:
+        global_step.load(step, sess)
+        values.append(sess.run(rates))
+  return np.array(values).T
+
+
+def is_tiny(name):
+  """Tiny, demo and unit-test sets (they keep a warm-up)."""
+  return "_tiny" in name or name.endswith("_test") or "_test_" in name
+
+
+def test_paper_sets_train_with_the_original_learning_rate(registry):
+  """The original's `constant*rsqrt_normalized_decay`, constant 0.01, 10,000 warm-up steps: flat
+  0.01 up to step 10,000, then 0.01 * sqrt(10000 / step) (0.005 at 40,000); no warm-up."""
+  import hparams  # pylint: disable=g-import-not-at-top
+  names = [name for name in hparams.PROJECT_SETS if not is_tiny(name)]
+  assert len(names) >= len(TABLE) + len(GRID) + 2
+  steps = (1, 1000, 10000, 40000)
+  got = learning_rates([registry.hparams(name) for name in names], steps)
+  for name, rates in zip(names, got):
+    assert rates == pytest.approx([0.01, 0.01, 0.01, 0.005], rel=1e-6), name
+
+
+def test_tiny_sets_keep_a_linear_warm_up(registry):
+  """The tiny/demo/test sets rise linearly over learning_rate_warmup_steps, then decay."""
+  import hparams  # pylint: disable=g-import-not-at-top
+  names = [name for name in hparams.PROJECT_SETS if is_tiny(name)]
+  assert {"routing_transformer_tiny", "pg19_local_cluster_tiny2k", "routing_transformer_test",
+          "routing_transformer_tiny1k", "routing_transformer_mtf_tiny"} <= set(names)
+  hps = [registry.hparams(name) for name in names]
+  steps = (1, 50, 100, 400)
+  got = learning_rates(hps, steps)
+  for name, hp, rates in zip(names, hps, got):
+    warmup = hp.learning_rate_warmup_steps
+    want = [hp.learning_rate_constant * min(1.0, s / warmup) * (warmup / max(s, warmup)) ** 0.5
+            for s in steps]
+    assert rates == pytest.approx(want, rel=1e-5), name
+    assert rates[0] < rates[1], name  # rising at the start: a warm-up
+  tiny = dict(zip(names, got))["routing_transformer_tiny"]
+  assert tiny == pytest.approx([5e-4, 0.025, 0.05, 0.025], rel=1e-5)
+
+
+def test_legacy_kmeans_counts_is_off_in_every_set(registry):
+  import hparams  # pylint: disable=g-import-not-at-top
+  for name in hparams.PROJECT_SETS:
+    assert registry.hparams(name).legacy_kmeans_counts is False, name
+
+
 def test_sets_are_fresh_objects(registry):
   first = registry.hparams("routing_transformer_tiny")
   first.hidden_size = 7
   assert registry.hparams("routing_transformer_tiny").hidden_size == 128
+
+
+@pytest.mark.parametrize("name", ["routing_transformer_tiny", "local_transformer_tiny",
+                                  "full_transformer_tiny", "routing_transformer_tiny_causal",
+                                  "routing_transformer_tiny1k", "local_transformer_tiny1k",
+                                  "full_transformer_tiny1k", "pg19_local_cluster_tiny2k",
+                                  "pg19_local_tiny2k", "pg19_full_tiny2k"])
+def test_tiny_sets_carry_the_recipe_that_learns_look_ups(registry, name):
+  """docs/routing_learning.md: at the paper's gain 0.2 a tiny model learns no look-up."""
+  hp = registry.hparams(name)
+  assert hp.initializer_gain == 1.0 and hp.initializer == "uniform_unit_scaling"
+  assert hp.optimizer == "adafactor" and hp.optimizer_adafactor_multiply_by_parameter_scale
+  assert (hp.learning_rate_warmup_steps, hp.learning_rate_constant) == (100, 0.05)
+  assert registry.hparams("pg19_local_cluster8k").initializer_gain == pytest.approx(0.2)

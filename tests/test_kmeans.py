@@ -1,4 +1,5 @@
-"""Online k-means: EMA updates against hand computation, padding, combined q/k updates."""
+"""Online k-means: EMA updates against hand computation, padding, combined q/k updates, the
+original's loss weight and its legacy counts."""
 import math
 
 import numpy as np
@@ -139,7 +140,9 @@ def test_initial_means_are_normalised():
   np.testing.assert_allclose(means.var(-1), 1.0, rtol=1e-3)
 
 
-def test_loss_is_beta_times_commitment_and_codebook_without_ema():
+def test_loss_is_twice_beta_commitment_and_codebook_without_ema():
+  """The original sums the query and the key term (the keys are the queries with share_qk): the
+  loss of a mean commitment 2.0 is 2 * 1e-4 * 2.0, plus twice the codebook loss without EMA."""
   rng = np.random.default_rng(5)
   x = tf.constant(rng.standard_normal((1, 1, 6, 3)).astype(np.float32))
   clusters = rng.integers(0, 2, (1, 1, 6)).astype(np.int32)
@@ -155,11 +158,129 @@ def test_loss_is_beta_times_commitment_and_codebook_without_ema():
     with tf.compat.v1.Session() as sess:
       sess.run(tf.compat.v1.global_variables_initializer())
       got, got_grad_loss, g, means = sess.run([loss, loss_grad, grad, km_grad.means])
-  assert got == pytest.approx(2e-4)
+  assert got == pytest.approx(4e-4)
   assigned = means[0][clusters[0, 0]][None, None]
   codebook = np.mean((x.numpy() - assigned) ** 2)
-  assert got_grad_loss == pytest.approx(2e-4 + codebook, rel=1e-5)
+  assert got_grad_loss == pytest.approx(4e-4 + 2 * codebook, rel=1e-5)
   assert np.abs(g).max() > 0
+
+
+@pytest.mark.parametrize("share_qk", [True, False])
+def test_clustering_loss_sums_the_query_and_key_terms(share_qk):
+  """Hand numbers: one head, two positions, depth 3, centroids mu0 = (1, 0, -1), mu1 = (0, 1, -1).
+
+  q = (1, 0, -1), (0, 1, -1) normalise to s * q with s = 1 / sqrt(2/3 + 1e-6) and go to mu0, mu1:
+  e_q = 2 * 2 (s - 1)^2 / 6. Both keys (1, -1, 0) normalise to s * (1, -1, 0) and go to mu0:
+  e_k = 2 ((s - 1)^2 + s^2 + 1) / 6. The original's loss is beta * (e_q + e_k), with the keys
+  the queries under share_qk: 2 * beta * e_q."""
+  s = 1.0 / math.sqrt(2.0 / 3.0 + 1e-6)
+  e_q = 2 * 2 * (s - 1) ** 2 / 6
+  e_k = 2 * ((s - 1) ** 2 + s ** 2 + 1) / 6
+  want = 2 * 1e-4 * e_q if share_qk else 1e-4 * (e_q + e_k)
+  q = np.array([[[[1.0, 0.0, -1.0], [0.0, 1.0, -1.0]]]], np.float32)
+  k = np.array([[[[1.0, -1.0, 0.0], [1.0, -1.0, 0.0]]]], np.float32)
+  mu = np.array([[[1.0, 0.0, -1.0], [0.0, 1.0, -1.0]]], np.float32)
+  with tf.Graph().as_default():
+    km = kmeans.OnlineKMeans(1, 2, 3, beta=1e-4, name="km")
+    _, aux = attention.routing_attention(q, k, q, km.means, 2, share_qk=share_qk)
+    x_hats, clusters = kmeans.routed_vectors(aux, share_qk)
+    loss = km.loss(aux["commitment_loss"], x_hats, clusters, aux["weights"])
+    with tf.compat.v1.Session() as sess:
+      sess.run(tf.compat.v1.global_variables_initializer())
+      sess.run(km.means.assign(mu))
+      got, commitment, assigned = sess.run([loss, aux["commitment_loss"], clusters])
+  np.testing.assert_array_equal(assigned[0], [[[0, 1]]])
+  if not share_qk:
+    np.testing.assert_array_equal(assigned[1], [[[0, 0]]])
+  # the routing function reports the mean of the two terms
+  assert commitment == pytest.approx(e_q if share_qk else (e_q + e_k) / 2, rel=1e-5)
+  assert got == pytest.approx(want, rel=1e-5)
+
+
+def _counts_by_the_original_reshape(clusters, weights, num_clusters):
+  """The original's online_kmeans: one-hot [b, h, n, c] (padding rows zero), reshaped to
+  [-1, h, c] and summed over the first axis."""
+  one_hot = np.eye(num_clusters)[clusters] * weights[:, None, :, None]
+  return one_hot.reshape(-1, clusters.shape[1], num_clusters).sum(0)
+
+
+def test_legacy_counts_interleave_heads_as_the_original():
+  """Hand numbers: b=2, h=2, n=4, c=3; batch 1 has padding at position 3. The original's count
+  row j sums positions i = j mod 2 of both heads; the sums stay per head."""
+  clusters = np.array([[[0, 1, 0, 1], [2, 2, 2, 2]],
+                       [[1, 1, 1, 1], [0, 0, 0, 0]]], np.int32)
+  weights = np.array([[1, 1, 1, 1], [1, 1, 1, 0]], np.float32)
+  x_hat = np.random.default_rng(8).standard_normal((2, 2, 4, 5)).astype(np.float32)
+  legacy, legacy_sums = kmeans.cluster_statistics(x_hat, clusters, 3, weights, legacy_counts=True)
+  per_head, sums = kmeans.cluster_statistics(x_hat, clusters, 3, weights)
+  np.testing.assert_array_equal(legacy.numpy(), [[4, 2, 2], [1, 3, 2]])
+  np.testing.assert_array_equal(per_head.numpy(), [[2, 5, 0], [3, 0, 4]])
+  np.testing.assert_array_equal(legacy.numpy(),
+                                _counts_by_the_original_reshape(clusters, weights, 3))
+  np.testing.assert_array_equal(legacy_sums.numpy(), sums.numpy())
+  want_sums = np.einsum("bhnc,bhnd->hcd", np.eye(3)[clusters] * weights[:, None, :, None], x_hat)
+  np.testing.assert_allclose(sums.numpy(), want_sums, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("heads,length", [(3, 5), (2, 7), (1, 6)])
+def test_legacy_counts_equal_the_original_reshape(heads, length):
+  """Lengths that heads do not divide interleave across batch rows too; one head: per head."""
+  rng = np.random.default_rng(heads * 10 + length)
+  clusters = rng.integers(0, 4, (3, heads, length)).astype(np.int32)
+  weights = (rng.random((3, length)) > 0.2).astype(np.float32)
+  x_hat = rng.standard_normal((3, heads, length, 2)).astype(np.float32)
+  counts, _ = kmeans.cluster_statistics(x_hat, clusters, 4, weights, legacy_counts=True)
+  want = _counts_by_the_original_reshape(clusters, weights, 4)
+  np.testing.assert_allclose(counts.numpy(), want)
+  per_head = (np.eye(4)[clusters] * weights[:, None, :, None]).sum((0, 2))
+  assert np.allclose(want, per_head) == (heads == 1)
+
+
+def _original_ema_step(x, weights, means, ema_count, ema_means, decay, legacy=True):
+  """One TRAIN step of the original's online_kmeans (utils.py, EMA branch) in float64: argmax of
+  x . mu, one-hot masked by padding, counts by the [-1, h, c] reshape (legacy) or per head, sums
+  per head, assign_moving_average (var - (var - value) * (1 - decay)) of both, Laplace-smoothed
+  counts, means = ema_means / smoothed counts. Returns (means, ema_count, ema_means, clusters)."""
+  heads, num_clusters = means.shape[:2]
+  clusters = np.einsum("bhnd,hcd->bhnc", x, means).argmax(-1)
+  hot = np.eye(num_clusters)[clusters] * weights[:, None, :, None]
+  count = (hot.reshape(-1, heads, num_clusters).sum(0) if legacy else hot.sum((0, 2)))
+  ema_count = ema_count - (ema_count - count) * (1 - decay)
+  ema_means = ema_means - (ema_means - np.einsum("bhnc,bhnd->hcd", hot, x)) * (1 - decay)
+  total = ema_count.sum(-1, keepdims=True)
+  smoothed = (ema_count + EPS) / (total + num_clusters * EPS) * total
+  return ema_means / smoothed[..., None], ema_count, ema_means, clusters
+
+
+def test_three_legacy_steps_match_the_original_update():
+  """legacy_counts: three steps of the model's update path (KMeansStep, shard_update) from the same
+  centroids and batches equal a NumPy restatement of the original's update, step by step."""
+  b, h, n, d, c, decay = 2, 2, 5, 4, 3, 0.9
+  rng = np.random.default_rng(11)
+  means0 = reference.layer_norm(rng.standard_normal((h, c, d))).astype(np.float32)
+  batches = [reference.layer_norm(rng.standard_normal((b, h, n, d))).astype(np.float32)
+             for _ in range(3)]
+  weights = np.ones((b, n), np.float32)
+  weights[1, -1] = 0.0
+  with tf.Graph().as_default():
+    km = kmeans.OnlineKMeans(h, c, d, decay=decay, legacy_counts=True, name="km")
+    x_ph = tf.compat.v1.placeholder(tf.float32, [b, h, n, d])
+    clusters = kmeans.assignments(attention.routing.centroid_scores(x_ph, km.means))
+    update, _ = kmeans.shard_update([kmeans.KMeansStep(km, [x_ph], [clusters], weights)])
+    with tf.compat.v1.Session() as sess:
+      sess.run(tf.compat.v1.global_variables_initializer())
+      sess.run([km.means.assign(means0), km.ema_means.assign(means0)])
+      state = (means0.astype(np.float64), np.zeros((h, c)), means0.astype(np.float64))
+      per_head = state
+      for x in batches:
+        got_clusters, _ = sess.run([clusters, update], {x_ph: x})
+        got = sess.run([km.means, km.ema_count, km.ema_means])
+        *state, want_clusters = _original_ema_step(x, weights, *state, decay)
+        np.testing.assert_array_equal(got_clusters, want_clusters)
+        for got_value, want_value in zip(got, state):
+          np.testing.assert_allclose(got_value, want_value, rtol=2e-6, atol=1e-7)
+        per_head = _original_ema_step(x, weights, *per_head, decay, legacy=False)[:3]
+  assert not np.allclose(per_head[1], state[1], rtol=1e-3)  # the switch changes the counts
 
 
 def test_without_ema_the_update_tracks_statistics_but_leaves_the_means_to_the_gradient():

@@ -170,6 +170,31 @@ def test_data_parallel_shards_share_one_centroid_update(rng):
   np.testing.assert_allclose(ema_count.sum(axis=-1), (1 - h.decay) * tokens_per_shard, rtol=1e-5)
 
 
+@pytest.mark.parametrize("legacy", [False, True])
+def test_legacy_kmeans_counts_reach_the_centroid_update(rng, legacy):
+  """legacy_kmeans_counts=True: one train step's EMA counts are the original's counts of the
+  step's assignments (one-hot [b, h, n, c] reshaped to [-1, h, c], summed); False: per head."""
+  h = small_hparams(legacy_kmeans_counts=legacy)
+  targets = random_targets(rng, pad_from=50)
+  with tf.Graph().as_default():
+    p_hparams = problem_hparams.test_problem_hparams(VOCAB, VOCAB, h)
+    model = model_lib.RoutingTransformer(h, TRAIN, p_hparams)
+    _, losses = model.model_fn_sharded({"targets": [tf.constant(targets)]})
+    (steps,) = model._kmeans_steps.values()  # pylint: disable=protected-access
+    count = [v for v in tf1.global_variables() if v.name.endswith("ema_count:0")][0]
+    with tf1.Session() as sess:
+      sess.run(tf1.global_variables_initializer())
+      _, clusters, weights = sess.run([losses["extra_loss"], steps[0].clusters[0],
+                                       steps[0].weights])
+      ema_count = sess.run(count)
+  one_hot = np.eye(h.sparsity_cluster_size)[clusters] * weights[:, None, :, None]
+  interleaved = one_hot.reshape(-1, one_hot.shape[1], one_hot.shape[3]).sum(0)
+  per_head = one_hot.sum((0, 2))
+  assert not np.allclose(interleaved, per_head)
+  np.testing.assert_allclose(ema_count, (1 - h.decay) * (interleaved if legacy else per_head),
+                             rtol=1e-5)
+
+
 def test_random_routing_builds_and_trains(rng):
   with tf.Graph().as_default():
     _, losses = build(small_hparams(random_routing=True), TRAIN,

@@ -163,8 +163,7 @@ def test_kmeans_ema_update_equals_tf(inputs):
   np.testing.assert_allclose(after["ema_count"], 0.0 * decay + (1 - decay) * got_counts,
                              rtol=1e-6)
   x_hat = tf_attention.layer_norm_no_scale(tf.constant(q))
-  clusters = tf_attention.routing.assignments(
-      tf_attention.routing.centroid_scores(x_hat, init_means))
+  clusters = tf_kmeans.assignments(tf_attention.routing.centroid_scores(x_hat, init_means))
   counts, sums = tf_kmeans.cluster_statistics(x_hat, clusters, C, weights)
   np.testing.assert_allclose(got_counts, counts.numpy(), rtol=1e-6)
   assert got_counts.sum() == pytest.approx(H * weights.sum())  # both batch shards counted
@@ -174,3 +173,34 @@ def test_kmeans_ema_update_equals_tf(inputs):
                              atol=1e-4)
   np.testing.assert_allclose(  # initial centroids: LayerNorm without scale (mean 0, var 1)
       init_means.mean(-1), 0.0, atol=1e-5)
+
+
+@pytest.mark.parametrize("ema", [True, False])
+def test_kmeans_loss_is_weighted_as_tf(inputs, ema):
+  """MtfKMeans.loss weighs the commitment loss (and, without EMA, the codebook loss of queries
+  and keys) as the TF k-means: the original's query term plus key term."""
+  q, k, _, _, _, _, padding, _ = inputs
+  weights = 1.0 - padding.astype(np.float32)
+  commitment = 0.37
+
+  def build(mesh):
+    with tf1.variable_scope("layer"):
+      km = kmeans.MtfKMeans(mesh, DIMS["heads"], DIMS["clusters"], DIMS["d_head"], ema=ema)
+    xs = [attention.layer_norm_no_scale(imported(mesh, x, SHAPE), DIMS["d_head"]) for x in (q, k)]
+    assigned = [mtf.argmax(attention.centroid_scores(x, km.means, DIMS), DIMS["clusters"])
+                for x in xs]
+    wm = imported(mesh, weights, [DIMS["batch"], DIMS["length"]])
+    loss = km.loss(mtf.constant(mesh, commitment, mtf.Shape([])), xs, assigned, wm)
+    return [km.means, loss], []
+
+  means, got = run_on_mesh(build)
+  x_hats = [tf_attention.layer_norm_no_scale(tf.constant(x)) for x in (q, k)]
+  codebook = 0.0
+  if not ema:
+    codebook = np.mean([tf_kmeans.codebook_loss(
+        x, means, tf_kmeans.assignments(tf_attention.routing.centroid_scores(x, means)),
+        weights).numpy() for x in x_hats])
+    assert codebook > 0
+  assert got == pytest.approx(float(tf_kmeans.clustering_loss(commitment, 1e-4, codebook)),
+                              rel=1e-5)
+  assert got == pytest.approx(2 * (1e-4 * commitment + codebook), rel=1e-5)

@@ -77,19 +77,64 @@ def test_bad_spans_and_lengths_name_the_fix():
 # Categories, on hand-made sequences.
 
 
-def test_distances_and_never_seen_by_prefix_length():
+def test_distances_and_never_seen_from_the_full_length_input():
   ids = np.array([5, 6, 5, 7, 8, 6, 9, 5, 7, 10])
   np.testing.assert_array_equal(cats.previous_occurrence(ids),
                                 [-1, -1, 0, -1, -1, 1, -1, 2, 3, -1])
-  # target at book position 7 (id 5, last seen at 2: distance 5), 8 (id 7, at 3: distance 5),
-  # 9 (never); inputs ending at 10 of lengths 10 and 6 (starting at 0 and 4)
+  # targets at book positions 7 (id 5, last seen at 2: distance 5), 8 (id 7, at 3: distance 5),
+  # 9 (never); the full input is the 10 tokens ending at 10: far, far, never for every N (at
+  # N = 6 the last occurrences lie outside the prefix; the categories do not change)
   ex = sampling.Examples(np.array([0]), np.array([10]), np.array([[7, 8, 9]]))
-  codes, by_length = probe.target_categories(
-      [type("B", (), {"ids": ids})()], ex, [10, 6], np.zeros(20, bool), None, threshold=4)
-  assert [cats.DISTANCE[c] for c in by_length[10][0]] == ["far", "far", "never"]
-  assert [cats.DISTANCE[c] for c in by_length[6][0]] == ["never", "never", "never"]
-  assert cats.distance_category([3, 3, 5, -1], [10, 2, 10, 10], 4).tolist() == [0, 2, 1, 2]
+  book = [type("B", (), {"ids": ids})()]
+  codes = probe.target_categories(book, ex, 10, np.zeros(20, bool), None, threshold=4)
+  assert [cats.DISTANCE[c] for c in codes["distance"][0]] == ["far", "far", "never"]
   assert codes["frequency"].tolist() == [[1, 1, 1]] and codes["word"] is None
+  # a full input of 6 tokens (positions 4..9) does not hold the last occurrences: never
+  codes = probe.target_categories(book, ex, 6, np.zeros(20, bool), None, threshold=4)
+  assert [cats.DISTANCE[c] for c in codes["distance"][0]] == ["never", "never", "never"]
+  assert cats.distance_category([3, 3, 5, -1], [10, 2, 10, 10], 4).tolist() == [0, 2, 1, 2]
+
+
+class CopyingModel(object):
+  """make_score_fn of a copying model: NLL 0.5 when the target's id occurs earlier in its input,
+  else 3.0."""
+
+  def __call__(self, spec):
+    def score_fn(inputs, targets):
+      inputs, targets = np.asarray(inputs), np.asarray(targets)
+      tokens = np.take_along_axis(inputs, targets, 1)
+      seen = np.array([[tok in row[:p] for tok, p in zip(trow, prow)]
+                       for row, trow, prow in zip(inputs, tokens, targets)])
+      return np.where(seen, 0.5, 3.0)
+
+    score_fn.length, score_fn.batch_size = 128, 8
+    return score_fn
+
+
+def test_categories_hold_the_same_targets_at_every_prefix_length(tmp_path):
+  """Sun et al.'s categories are fixed from the full-length (128-token) input: every category
+  has the same tokens at N = 16 ... 128, "far" (last seen > 24 back) is not empty at N <= 24, and
+  a copying model copies the far targets only once N reaches their last occurrence."""
+  from routing_transformer.tools.probes import data
+  rng = np.random.default_rng(4)
+  books = [data.Book(i + 1, "Book %d" % (i + 1), rng.integers(2, 60, n).astype(np.int32),
+                     n // 2, n * 3) for i, n in enumerate((900, 700, 600))]
+  encoder = type("E", (), {"vocab_size": 60})()
+  result = probe.probe([run_lib.ModelSpec("copy", "ckpt", "set")], books, encoder,
+                       [16, 24, 64, 128], 128, str(tmp_path), span=(-12, -2), num_targets=400,
+                       far_threshold=24, profile=12, bootstrap=0, make_score_fn=CopyingModel(),
+                       stream=None)
+  assert result["protocol"]["categories_from_length"] == 128
+  figs = result["models"]["copy"]["figures"]
+  for name in ("all", "near", "far", "never", "frequent", "infrequent"):
+    counts = [figs[n]["categories"][name]["tokens"] for n in ("16", "24", "64", "128")]
+    assert len(set(counts)) == 1, (name, counts)
+  assert figs["16"]["categories"]["far"]["tokens"] > 20
+  assert figs["16"]["categories"]["far"]["nll"] == pytest.approx(3.0)  # outside the input
+  assert figs["128"]["categories"]["far"]["nll"] == pytest.approx(0.5)  # copied
+  assert figs["16"]["categories"]["never"]["nll"] == figs["128"]["categories"]["never"]["nll"] \
+      == pytest.approx(3.0)
+  assert figs["128"]["categories"]["near"]["nll"] == pytest.approx(0.5)
 
 
 def test_frequent_types_and_word_pieces():
@@ -117,6 +162,54 @@ def test_word_ends_follow_t2t_escaping():
   assert encoder.decode(ids.tolist()) == "the incomprehensible cat"
 
 
+# The books: Sun et al.'s exclusion.
+
+
+def write_layout(root, split, books):
+  """A PG-19 layout: books {id: (title, text)} in root/split, their titles in metadata.csv."""
+  os.makedirs(os.path.join(root, split), exist_ok=True)
+  with open(os.path.join(root, "metadata.csv"), "w", newline="") as f:
+    csv.writer(f).writerows([[i, title, "1900", "http://www.gutenberg.org/ebooks/%d" % i]
+                             for i, (title, _) in sorted(books.items())])
+  for i, (_, text) in books.items():
+    with open(os.path.join(root, split, "%d.txt" % i), "w") as f:
+      f.write(text)
+  return root
+
+
+def test_canterbury_tales_are_left_out_by_id_or_normalized_title(tmp_path):
+  """The default exclusion matches the book's id (2383) or its title however metadata.csv spells
+  it (case, punctuation, spacing); a validation folder without it is refused with the fix."""
+  from tensor2tensor.data_generators import text_encoder
+  from routing_transformer.tools.probes import data
+  encoder = text_encoder.SubwordTextEncoder()
+  encoder.build_from_token_counts({w: 5 for w in WORDS}, min_count=1)
+  text = "the cat sat on a mat\nwhile dogs ran\n"
+  assert data.normalize_title("The  Canterbury Tales, and Other Poems.") == \
+      "the canterbury tales and other poems"
+  assert data.matches(7, "Moby-Dick; or, The Whale", "moby dick or the whale")
+  assert data.matches(7, "x", "7") and not data.matches(7, "x", "70")
+  for books, left_out in [
+      ({12: ("THE CANTERBURY TALES, AND OTHER POEMS", text), 13: ("Emma", text)}, 12),
+      ({2383: ("Chaucer: Canterbury Tales (annotated)", text), 13: ("Emma", text)}, 2383)]:
+    root = write_layout(str(tmp_path / str(left_out)), "validation", books)
+    kept, excluded = data.load_books(root, "validation", encoder)
+    assert [b.book_id for b in kept] == [13] and [e[0] for e in excluded] == [left_out]
+    assert kept[0].ids.tolist() == encoder.encode("the cat sat on a mat") + encoder.encode(
+        "while dogs ran")  # read as stripped lines
+  root = write_layout(str(tmp_path / "none"), "validation", {13: ("Emma", text)})
+  with pytest.raises(ProbeError, match="has no 'The Canterbury Tales and Other Poems' "
+                     r"\(id 2383.*--no_default_exclude") as e:
+    data.load_books(root, "validation", encoder)
+  assert "\n" not in str(e.value)
+  kept, excluded = data.load_books(root, "validation", encoder, default_exclude=False)
+  assert [b.book_id for b in kept] == [13] and not excluded
+  whole, _ = data.load_books(root, "validation", encoder, default_exclude=False,
+                             reading="whole_text")
+  assert whole[0].ids.tolist() == encoder.encode(text.strip())  # the newline, escaped
+  assert len(whole[0].ids) > len(kept[0].ids)
+
+
 # Scaling and intervals.
 
 
@@ -132,6 +225,9 @@ def test_perplexity_scale_and_bootstrap_by_hand():
   assert probe.word_scale(books, "1.248") == 1.248
   with pytest.raises(ProbeError, match="exact"):
     probe.word_scale(books, "words")
+  # the paper's measured rate: ~104 h on one RTX8000 for ~3M tokens at 8K, 10 targets each
+  assert probe.paper_rate(8192) == pytest.approx(104 * 3600 / 300000) == pytest.approx(1.248)
+  assert probe.paper_rate(2048) == pytest.approx(1.248 / 4)
   hp = type("H", (), dict(hidden_size=4, filter_size=8, num_decoder_layers=1,
                           num_hidden_layers=1, local_num_heads=2, sparsity_cluster_num_heads=0,
                           sparsity_skip_first=0, query_shape=(16,), memory_flange=(16,),
@@ -246,6 +342,8 @@ def test_cli_end_to_end_resumes_and_merges(tiny, tmp_path, capsys):
   assert c["frequent"]["tokens"] + c["infrequent"]["tokens"] == 120
   assert c["near"]["tokens"] + c["far"]["tokens"] + c["never"]["tokens"] == 120
   assert sum(c[w]["tokens"] for w in cats.WORD) == 120
+  short = result["models"]["rt"]["figures"]["50"]["categories"]
+  assert {k: v["tokens"] for k, v in short.items()} == {k: v["tokens"] for k, v in c.items()}
   assert set(figs["end_spans"]) == {"-11:-1", "-15:-5", "-20:-10", "-50:-40"}
   assert len(figs["position_nll"]) == 50
   assert result["models"]["rt"]["figures"]["50"]["categories"]["all"]["nll"] != c["all"]["nll"]
@@ -253,6 +351,10 @@ def test_cli_end_to_end_resumes_and_merges(tiny, tmp_path, capsys):
   assert est["passes"] == 22000 * 9 and est["tokens"] == 22000 * 9 * 8192
   assert est["accelerator_hours"] == pytest.approx(
       est["flops_per_token"] * est["tokens"] / 1e14 / 3600)
+  assert est["paper_rate_hours"] == pytest.approx(22000 * 9 * 1.248 / 3600)  # 68.6 h, RTX8000
+  assert est["paper_rate_flops_per_s"] == pytest.approx(est["flops_per_token"] * 8192 / 1.248)
+  assert 15 < 1e14 / est["paper_rate_flops_per_s"] < 20  # the FLOP model's 1e14 is ~18x that
+  assert p["reading"] == "lines"
   for name in ("probes.md", "probes_categories.png", "probes_end_of_input.png"):
     assert os.path.getsize(os.path.join(out, name)) > 0
   # a rerun scores nothing

@@ -89,38 +89,162 @@ def books_from_records(records):
   return {b: np.concatenate([t for _, t in sorted(chunks)]) for b, chunks in by_book.items()}
 
 
-def test_pg19_records_decode_back_to_books(pg19):
-  encoder = pg19_encoder(pg19["data_dir"])
+def plain_encoder(data_dir, problem_name="pg19_length8k"):
+  """The stored vocabulary as T2T's own SubwordTextEncoder (no reading of ours)."""
+  from tensor2tensor.data_generators import text_encoder  # pylint: disable=g-import-not-at-top
+  path = glob.glob(os.path.join(str(data_dir), "vocab.%s.*.subwords" % problem_name))[0]
+  return text_encoder.SubwordTextEncoder(path)
+
+
+def line_ids(plain, text):
+  """The original release's reading, by hand: every line stripped and encoded, ids joined."""
+  return [i for line in text.split("\n") for i in plain.encode(line.strip())]
+
+
+def escaped(plain, ids):
+  """The subword strings of ids, concatenated (T2T writes a newline as the escape \\10;)."""
+  return "".join(plain.all_subtoken_strings[i] for i in ids)
+
+
+def check_packing(records, pieces, length):
+  """One book's records (in chunk order) are its pieces packed greedily, whole: the records
+  concatenate to the pieces (+ EOS); every record ends where a piece ends (unless the piece alone
+  is longer than `length`); and the next record's first piece did not fit."""
+  pieces = [list(p) for p in pieces] + [[lm.EOS_ID]]  # the book's EOS: a piece of its own
+  assert [i for r in records for i in r] == [i for p in pieces for i in p]
+  offsets = np.cumsum([0] + [len(p) for p in pieces[:-1]]).tolist()
+  starts = {o: len(p) for o, p in zip(offsets, pieces)}  # piece start -> its length
+  done = 0
+  for record, following in zip(records, records[1:]):
+    assert 0 < len(record) <= length
+    done += len(record)
+    if done in starts:  # the record ends at a piece end: the next piece did not fit
+      assert len(record) + starts[done] > length
+    else:  # cut inside a piece longer than a record
+      assert any(len(p) > length for p in pieces)
+    assert following
+
+
+def test_pg19_reading_pieces_and_greedy_packing_by_hand():
+  from problems import pg19_reading  # pylint: disable=g-import-not-at-top
+  text = "  THE TITLE  \r\n\n\tFirst line, indented.\n   \nlast\n"
+  assert pg19_reading.pieces(text) == ["THE TITLE", "First line, indented.", "last"]
+  assert pg19_reading.pieces(text, "whole_text") == [text]
+  assert pg19_reading.pieces("\n \n") == [] and pg19_reading.pieces("", "whole_text") == []
+  # whole pieces: [1 2] | [3 4 5] + [6] | [7..13] cut at 4, its rest + EOS
+  pieces = [[1, 2], [3, 4, 5], [], [6], [7, 8, 9, 10, 11, 12, 13]]
+  assert pg19_reading.pack(pieces, 4, eos_id=99) == [[1, 2], [3, 4, 5, 6], [7, 8, 9, 10],
+                                                     [11, 12, 13, 99]]
+  assert pg19_reading.pack(pieces, 4) == [[1, 2], [3, 4, 5, 6], [7, 8, 9, 10], [11, 12, 13]]
+  assert pg19_reading.pack([[1, 2, 3, 4]], 4, eos_id=99) == [[1, 2, 3, 4], [99]]
+  # one piece (whole_text) = consecutive windows of the ids and EOS
+  ids = list(range(2, 25))
+  for length in (1, 3, 8, 23, 24, 30):
+    assert pg19_reading.pack([ids], length, lm.EOS_ID) == lm.windows(ids + [lm.EOS_ID], length)
+  with pytest.raises(DataError, match="use lines"):
+    pg19_reading.pieces(text, "line")
+
+
+def test_pg19_records_are_the_books_read_as_stripped_lines(pg19):
+  """Records = each line stripped and encoded with T2T's own encoder, ids joined (the original
+  release's reading), one EOS per book, packed greedily by whole lines; the vocabulary, built
+  from stripped lines, has no newline subword, and no record holds a newline escape."""
+  from problems import pg19_reading  # pylint: disable=g-import-not-at-top
+  plain = plain_encoder(pg19["data_dir"])
+  assert pg19_reading.newline_subwords(plain) == []
   for split, folder in (("train", "train"), ("dev", "validation"), ("test", "test")):
-    books = books_from_records(read_records("pg19_length8k", pg19["data_dir"], split))
+    records = read_records("pg19_length8k", pg19["data_dir"], split)
+    books = books_from_records(records)
     assert set(books) == set(pg19["texts"][folder])
     for book_id, ids in books.items():
+      text = pg19["texts"][folder][book_id]
       assert ids[-1] == lm.EOS_ID and np.sum(ids == lm.EOS_ID) == 1  # EOS ends every book
-      assert encoder.decode(ids[:-1].tolist()) == pg19["texts"][folder][book_id].strip()
+      assert ids[:-1].tolist() == line_ids(plain, text)
+      assert "\\10;" not in escaped(plain, ids[:-1])
+      assert "\\10;" in escaped(plain, plain.encode(text))  # whole text: newline escapes
+      chunks = sorted((int(r["chunk"][0]), r["targets"].tolist()) for r in records
+                      if int(r["book_id"][0]) == book_id)
+      check_packing([c for _, c in chunks],
+                    [plain.encode(l.strip()) for l in text.split("\n") if l.strip()], 8192)
 
 
 def test_pg19_examples_respect_length_and_never_join_books(pg19):
   records = read_records("pg19_length8k", pg19["data_dir"], "train")
   assert all(0 < len(r["targets"]) <= 8192 for r in records)
-  assert max(len(r["targets"]) for r in records) == 8192  # the long book is cut
   assert all(len(set(r["book_id"])) == 1 for r in records)
   per_book = collections.Counter(int(r["book_id"][0]) for r in records)
-  assert per_book[101] >= 2 and per_book[102] == 1
+  assert per_book[101] >= 2 and per_book[102] == 1  # the long book is cut
 
 
 def test_pg19_vocabulary_round_trips_and_stats(pg19):
   encoder = pg19_encoder(pg19["data_dir"])
+  plain = plain_encoder(pg19["data_dir"])
   assert 100 < encoder.vocab_size <= 1.1 * PG19_VOCAB  # a 30-word corpus has no 300 subwords
   for text in ("Dr. Watson's café — «naïve» 1984!", "unseen w0rds\tand ünïcödé ✓"):
     assert encoder.decode(encoder.encode(text)) == text
+  # the problem's encoder reads text as the books were read (t2t-decoder's prompts)
+  assert encoder.encode("  two lines,\n\n then more  ") == line_ids(plain, "two lines,\nthen more")
   problem = registry.problem("pg19_length8k")
   for split, folder in (("train", "train"), ("dev", "validation")):
     stats = problem.split_stats(str(pg19["data_dir"]), split)
     texts = pg19["texts"][folder]
-    assert stats["books"] == len(texts)
+    assert stats["books"] == len(texts) and stats["whole_text_books"] == 0
     assert stats["words"] == sum(len(t.split()) for t in texts.values())
-    assert stats["tokens"] == sum(len(encoder.encode(t.strip())) + 1 for t in texts.values())
+    assert stats["tokens"] == sum(len(line_ids(plain, t)) + 1 for t in texts.values())
   assert "books" in pg19["log"] and "tokens/s" in pg19["log"]  # progress output
+
+
+def test_datagen_scorer_and_probes_read_books_through_one_function(pg19):
+  """The same ids from the records, from pg19_reading.encode, from the probes' load_books and
+  from the scorer's encoding, for every validation book."""
+  from problems import pg19_reading  # pylint: disable=g-import-not-at-top
+  from routing_transformer.tools.probes import data  # pylint: disable=g-import-not-at-top
+  encoder = pg19_encoder(pg19["data_dir"])
+  books, excluded = data.load_books(str(pg19["raw"]), "validation", encoder,
+                                    default_exclude=False)
+  assert not excluded
+  records = books_from_records(read_records("pg19_length8k", pg19["data_dir"], "dev"))
+  for book in books:
+    text = pg19["texts"]["validation"][book.book_id]
+    want = records[book.book_id][:-1].tolist()
+    assert book.ids.tolist() == want
+    assert pg19_reading.encode(encoder, text) == want
+    assert pg19_reading.encode(plain_encoder(pg19["data_dir"]), text) == want
+
+
+def test_pg19_whole_text_reading_is_a_named_option(pg19, tmp_path, monkeypatch):
+  """PG19_READING=whole_text: each book encoded with its newlines and cut into consecutive
+  windows (the data of this project before the line reading); a vocabulary built from whole
+  texts is refused by the line reading, naming the option."""
+  from problems import pg19_reading  # pylint: disable=g-import-not-at-top
+  from tensor2tensor.data_generators import text_encoder  # pylint: disable=g-import-not-at-top
+  monkeypatch.setenv("PG19_DIR", str(pg19["raw"]))
+  monkeypatch.setenv("PG19_VOCAB_SIZE", str(PG19_VOCAB))
+  monkeypatch.setenv("PG19_READING", "whole_text")
+  out = tmp_path / "whole"
+  os.makedirs(str(out))
+  for vocab in glob.glob(os.path.join(str(pg19["data_dir"]), "vocab.*")):
+    tf.io.gfile.copy(vocab, os.path.join(str(out), os.path.basename(vocab)))
+  problem = registry.problem("pg19_length8k")
+  problem.generate_data(str(out), "/nonexistent")
+  plain = plain_encoder(out)
+  records = read_records("pg19_length8k", out, "train")
+  for book_id, text in pg19["texts"]["train"].items():
+    chunks = sorted((int(r["chunk"][0]), r["targets"].tolist()) for r in records
+                    if int(r["book_id"][0]) == book_id)
+    assert [c for _, c in chunks] == lm.windows(plain.encode(text) + [lm.EOS_ID], 8192)
+  assert problem.split_stats(str(out), "dev")["whole_text_books"] == 2
+  # a vocabulary built from whole texts has newline subwords; the line reading refuses it
+  whole = text_encoder.SubwordTextEncoder()
+  whole.build_from_token_counts({"the": 9, "book": 9, ".\n": 9, "\n\n": 9}, min_count=1)
+  assert pg19_reading.newline_subwords(whole)
+  whole.store_to_file(str(tmp_path / ("vocab.pg19_length8k.%d.subwords" % PG19_VOCAB)))
+  monkeypatch.setenv("PG19_READING", "lines")
+  with pytest.raises(DataError, match="built from whole texts.*PG19_READING=whole_text"):
+    problem.generate_data(str(tmp_path), "/nonexistent")
+  monkeypatch.setenv("PG19_READING", "words")
+  with pytest.raises(DataError, match="use lines"):
+    problem.generate_data(str(tmp_path / "other"), "/nonexistent")
 
 
 def test_pg19_given_vocab_file_is_used_as_is(pg19, tmp_path, monkeypatch):

@@ -92,7 +92,7 @@ def test_word_perplexity_matches_hand_computation(vocab_file, tmp_path):
   texts = ["the cat sat on a mat", "dogs ran far away from home and sang " * 12]
   scorer = score.Scorer(str(tmp_path), SET, vocab_file, batch_size=2)
   result = scorer.summary(texts)
-  ids = [encoder.encode(t) for t in texts]
+  ids = [encoder.encode(t.strip()) for t in texts]  # one line each, read stripped
   assert len(ids[1]) > 64  # the long text needs two windows
   nll = -sum(log_p[i].sum() for i in ids)
   words = 6 + 8 * 12
@@ -134,8 +134,9 @@ def test_original_release_names_restore_directly(vocab_file, tmp_path):
   assert any("attention_nd" in n for n in checkpoints.read_variables(str(tmp_path / "orig")))
   texts = ["a cat ran home", "the dogs sang"]
   results = []
-  for sub in ("ours", "orig"):
-    scorer = score.Scorer(str(tmp_path / sub), SET, vocab_file, batch_size=2)
+  # The original-release names run with routing_padding_as_original=True (test_routing_padding).
+  for sub, overrides in (("ours", "routing_padding_as_original=True"), ("orig", "")):
+    scorer = score.Scorer(str(tmp_path / sub), SET, vocab_file, overrides, batch_size=2)
     results.append(scorer.score(texts))
     scorer.close()
   for a, b in zip(*results):
@@ -151,7 +152,7 @@ def test_cli_prints_json_and_one_line_errors(vocab_file, tmp_path, capsys):
   score.main(base + ["--text_file", str(text), "--span_start", "21", "--per_token"])
   entry = json.loads(capsys.readouterr().out)["files"][0]
   assert entry["words"] == 5 and entry["span_start"] == 21
-  tokens = encoder.decode_list(encoder.encode("while dogs ran far away\n"))
+  tokens = encoder.decode_list(encoder.encode("while dogs ran far away"))  # lines: no newline
   assert [t for t, _ in entry["per_token"]] == tokens
   assert entry["total_nll"] == pytest.approx(-sum(v for _, v in entry["per_token"]), rel=1e-5)
   with pytest.raises(score.ScorerError, match="pass --vocab"):
@@ -163,6 +164,8 @@ def test_cli_prints_json_and_one_line_errors(vocab_file, tmp_path, capsys):
       (["--checkpoint", str(tmp_path / "none")], "not found"),
       (["--hparams_set", "routing_transformer_tiny"], "shape mismatches"),
       (["--span_start", "999"], "span_start"),
+      (["--reading", "whole_text"], None),
+      (["--vocab", whole_text_vocab(tmp_path)], "built from whole texts"),
   ]:
     argv = base + ["--text_file", str(text)]
     for i in range(0, len(args), 2):
@@ -170,10 +173,57 @@ def test_cli_prints_json_and_one_line_errors(vocab_file, tmp_path, capsys):
         argv[argv.index(args[i]) + 1] = args[i + 1]
       else:
         argv += args[i:i + 2]
+    if message is None:  # read whole: the newlines are encoded (as escapes)
+      score.main(argv)
+      tokens = json.loads(capsys.readouterr().out)["files"][0]["tokens"]
+      assert tokens == len(encoder.encode(text.read_text())) > len(
+          encoder.encode(text.read_text().replace("\n", " ")))
+      continue
     with pytest.raises(SystemExit) as exit_info:
       score.main(argv)
     assert str(exit_info.value).startswith("error: ") and message in str(exit_info.value)
     assert "\n" not in str(exit_info.value)
+
+
+def whole_text_vocab(tmp_path):
+  """A vocabulary built from whole texts (newline tokens: it has newline-escape subwords)."""
+  path = str(tmp_path / "whole.subwords")
+  if not os.path.exists(path):
+    counts = {w: 10 - i % 5 for i, w in enumerate(WORDS)}
+    counts.update({"\n": 30, ".\n": 20})
+    encoder = text_encoder.SubwordTextEncoder()
+    encoder.build_from_token_counts(counts, min_count=1)
+    encoder.store_to_file(path)
+  return path
+
+
+def test_scorer_reads_text_through_the_pg19_reading(vocab_file, tmp_path):
+  """Scorer.encode = problems.pg19_reading.encode: by default each line stripped and encoded,
+  joined (the ids T2T's own encoder gives line by line); whole_text keeps the newlines; the
+  prefix of a span is read the same way; the scores are the model's on those ids."""
+  from problems import pg19_reading  # pylint: disable=g-import-not-at-top
+  encoder = text_encoder.SubwordTextEncoder(vocab_file)
+  write_model(str(tmp_path), encoder.vocab_size, seed=2)
+  text = "  the cat sat\n\n\ton a mat  \nwhile dogs ran\n"
+  by_hand = encoder.encode("the cat sat") + encoder.encode("on a mat") + encoder.encode(
+      "while dogs ran")
+  scorer = score.Scorer(str(tmp_path), SET, vocab_file, batch_size=2)
+  assert scorer.reading == "lines"
+  assert scorer.encode(text) == by_hand == pg19_reading.encode(encoder, text)
+  assert "\\10;" not in "".join(encoder.all_subtoken_strings[i] for i in by_hand)
+  np.testing.assert_array_equal(scorer.score([text])[0], scorer.score_ids([(by_hand, 0)])[0])
+  prefix, span = encoder.encode("the cat sat"), encoder.encode("on a mat")
+  np.testing.assert_array_equal(scorer.score_span("the cat sat\n", "\ton a mat\n"),
+                                scorer.score_ids([(prefix + span, len(prefix))])[0])
+  scorer.close()
+  whole = score.Scorer(str(tmp_path), SET, vocab_file, reading="whole_text")
+  assert whole.encode(text) == encoder.encode(text) != by_hand
+  assert "\\10;" in "".join(encoder.all_subtoken_strings[i] for i in whole.encode(text))
+  whole.close()
+  with pytest.raises(score.ScorerError, match="built from whole texts.*--reading=whole_text"):
+    score.Scorer(str(tmp_path), SET, whole_text_vocab(tmp_path))
+  with pytest.raises(score.ScorerError, match="use lines"):
+    score.Scorer(str(tmp_path), SET, vocab_file, reading="words")
 
 
 def test_scorer_takes_hparams_sets_from_a_user_dir(vocab_file, tmp_path):

@@ -23,9 +23,10 @@ def length_of(hparams):
   return _get(hparams, "max_target_length") or hparams.max_length
 
 
-def local_span(hparams, length):
-  """(block, flange) of the non-routing heads (as routing_transformer.core.layers.local_span)."""
-  if _get(hparams, "full_attention", False):
+def local_span(hparams, length, as_local=False):
+  """(block, flange) of the non-routing heads (as routing_transformer.core.layers.local_span);
+  `as_local`: those of the local heads even when `full_attention` is set."""
+  if _get(hparams, "full_attention", False) and not as_local:
     return length, 0
   return hparams.query_shape[0], hparams.memory_flange[0]
 
@@ -37,14 +38,15 @@ def layer_heads(hparams, layer):
   return routing, heads - routing, hparams.hidden_size // heads
 
 
-def local_receptive_field(hparams, length=None):
+def local_receptive_field(hparams, length=None, as_local=False):
   """How far back (in positions) a chain of the non-routing heads reaches through the decoder
   layers: the first hop from a query at the end of its block reaches b - 1 + m back (its block
   start, then the flange m), every further layer with such heads m more (it hops from a block
   start); the residual stream carries positions through other layers unchanged. So
-  (b - 1) + L m with L the layers that have non-routing heads; full attention: n - 1."""
+  (b - 1) + L m with L the layers that have non-routing heads; full attention: n - 1 (with
+  `as_local`: the reach its query_shape / memory_flange would give local heads)."""
   n = length or length_of(hparams)
-  block, flange = local_span(hparams, n)
+  block, flange = local_span(hparams, n, as_local)
   num_local = sum(1 for i in range(hparams.num_decoder_layers) if layer_heads(hparams, i)[1])
   if not num_local:
     return 0

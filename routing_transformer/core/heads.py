@@ -13,12 +13,13 @@ from routing_transformer.core import attention
 
 HeadConfig = collections.namedtuple("HeadConfig", [
     "window", "block_length", "flange", "share_qk", "routing_mode", "random_routing",
-    "legacy_causal_key_routing"])
+    "legacy_causal_key_routing", "routing_padding_as_original"], defaults=(False,))
 HeadConfig.__doc__ = """How a layer's heads attend (the attention functions' static arguments).
 
 window: members per routing cluster; block_length, flange: the local heads' blocks (query_shape,
 memory_flange); share_qk, routing_mode ("topk" | "causal_window"), random_routing,
-legacy_causal_key_routing: as the hparams of the same names.
+legacy_causal_key_routing, routing_padding_as_original (default False): as the hparams of the
+same names.
 """
 
 
@@ -42,15 +43,21 @@ def combine_heads(x):
 
 
 def routing_heads_attention(q, k, v, means, config, causal=True, padding=None,
-                            tables=(None, None), options=None):
+                            tables=(None, None), options=None, dropout_rate=0.0):
   """The routing heads: (output [b, hr, n, d], aux of the attention function).
 
   k is ignored when config.share_qk (keys are the queries); decoders with
   routing_mode="causal_window" use `causal_window_attention`, everything else (and every
   encoder) the paper's top-k routing. `options`: further keyword arguments of both functions
-  (the extensions exclude_self, logit_scale).
+  (the extensions exclude_self, logit_scale). dropout_rate: attention dropout on the weights
+  (TRAIN mode). dropout_rate and config.routing_padding_as_original reach the functions only
+  when set, so a call without them is the paper's call, keyword for keyword.
   """
-  options = options or {}
+  options = dict(options or {})
+  if dropout_rate:
+    options["dropout_rate"] = dropout_rate
+  if config.routing_padding_as_original:
+    options["padding_as_original"] = True
   rel_k, rel_v = tables
   if config.share_qk:
     k = q
@@ -64,16 +71,20 @@ def routing_heads_attention(q, k, v, means, config, causal=True, padding=None,
       legacy_causal_key_routing=config.legacy_causal_key_routing, **options)
 
 
-def local_heads_attention(q, k, v, config, causal=True, padding=None, tables=(None, None)):
-  """The local heads: blocked attention [b, hl, n, d] (unscaled: q carries d^-0.5)."""
+def local_heads_attention(q, k, v, config, causal=True, padding=None, tables=(None, None),
+                          dropout_rate=0.0):
+  """The local heads: blocked attention [b, hl, n, d] (unscaled: q carries d^-0.5), attention
+  dropout `dropout_rate` on the weights."""
   rel_k, rel_v = tables
   return attention.local_attention(
       q, k, v, config.block_length, config.flange, causal=causal, relative_keys=rel_k,
-      relative_values=rel_v, padding=None if causal else padding, scale=1.0)
+      relative_values=rel_v, padding=None if causal else padding, scale=1.0,
+      dropout_rate=dropout_rate)
 
 
 def mixed_heads(q, k, v, num_routing, config, causal=True, padding=None, means=None,
-                routing_tables=(None, None), local_tables=(None, None), routing_options=None):
+                routing_tables=(None, None), local_tables=(None, None), routing_options=None,
+                dropout_rate=0.0):
   """All heads of a layer: the first `num_routing` route, the rest attend locally.
 
   Args:
@@ -85,6 +96,8 @@ def mixed_heads(q, k, v, num_routing, config, causal=True, padding=None, means=N
     means: [num_routing, c, d] centroids (needed when num_routing > 0).
     routing_tables, local_tables: (relative keys, relative values) [2R + 1, d] or Nones.
     routing_options: further keyword arguments of the routing attention functions.
+    dropout_rate: attention dropout on the weights of every head (hparam `attention_dropout`;
+      the caller passes 0 outside TRAIN mode).
   Returns:
     (output [b, h, n, d], aux of the routing attention or None without routing heads).
   """
@@ -92,10 +105,10 @@ def mixed_heads(q, k, v, num_routing, config, causal=True, padding=None, means=N
   if num_routing:
     out, aux = routing_heads_attention(
         q[:, :num_routing], k[:, :num_routing], v[:, :num_routing], means, config, causal,
-        padding, routing_tables, routing_options)
+        padding, routing_tables, routing_options, dropout_rate)
     outputs.append(out)
   if q.shape[1] > num_routing:
     outputs.append(local_heads_attention(
         q[:, num_routing:], k[:, num_routing:], v[:, num_routing:], config, causal, padding,
-        local_tables))
+        local_tables, dropout_rate))
   return (tf.concat(outputs, axis=1) if len(outputs) > 1 else outputs[0]), aux

@@ -10,7 +10,7 @@ import Tensor2Tensor.
     layer = rt_keras.RoutingSelfAttention(hidden_size=128, local_heads=2, routing_heads=2,
                                           num_clusters=8, window=64, block_length=64, flange=64)
     y = layer(x, training=True)   # x [b, n, 128]; the centroid EMA steps once; layer.losses holds
-                                  # beta * commitment loss
+                                  # the k-means loss (kmeans.clustering_loss)
 
 Shapes: x [b, n, hidden]; heads [b, h, n, d] with d = hidden / (local_heads + routing_heads).
 """
@@ -69,8 +69,9 @@ class RoutingSelfAttention(tf.keras.layers.Layer):
     x: [b, n, hidden] (n static).
     padding: optional bool [b, n], True at padding positions.
     training: when true, one EMA step of the centroids from this batch's assignments (and the
-      attention dropout); otherwise the centroids stay as they are.
-  Returns [b, n, hidden]; `beta * commitment_loss` is added with `add_loss`.
+      attention dropout on the attention weights); otherwise the centroids stay as they are.
+  Returns [b, n, hidden]; the k-means loss `kmeans.clustering_loss` (2 * beta * commitment_loss)
+  is added with `add_loss`.
   """
 
   def __init__(self, hidden_size, local_heads=2, routing_heads=2, num_clusters=8, window=64,
@@ -184,13 +185,12 @@ class RoutingSelfAttention(tf.keras.layers.Layer):
     r = self.routing_heads
     out, aux = heads.mixed_heads(q, k, v, r, self.head_config(), self.causal, padding,
                                  self.means if r else None, self.routing_tables,
-                                 self.local_tables, self.routing_options())
+                                 self.local_tables, self.routing_options(),
+                                 self.attention_dropout if training else 0.0)
     if r:
-      self.add_loss(self.beta * aux["commitment_loss"])
+      self.add_loss(kmeans.clustering_loss(aux["commitment_loss"], self.beta))
       if training:
         self.update_centroids(aux)
-    if training and self.attention_dropout:
-      out = tf.nn.dropout(out, rate=self.attention_dropout)
     if self.head_dense_kernel is not None:
       out = tf.matmul(out, self.head_dense_kernel)
     return tf.matmul(heads.combine_heads(out), self.output_kernel)

@@ -41,20 +41,6 @@ def routing_heads(hparams, layer_index):
   return hparams.sparsity_cluster_num_heads
 
 
-class KMeansStep(object):
-  """What a routing layer hands to the model for the (shard-combined) centroid update."""
-
-  def __init__(self, km, x_hats, clusters, weights, statistics=None):
-    self.km, self.x_hats, self.clusters, self.weights = km, x_hats, clusters, weights
-    # Scalars of routing.routing_statistics (the model writes them as TRAIN summaries).
-    self.routing_statistics = statistics or {}
-
-  def statistics(self):
-    """(counts [h, c], sums [h, c, d]) of this shard."""
-    return kmeans.combined_statistics(self.x_hats, self.clusters, self.km.num_clusters,
-                                      self.weights)
-
-
 def head_counts(hparams, layer_index):
   """(routing heads, local heads, depth per head) of a layer."""
   num_heads = hparams.local_num_heads + hparams.sparsity_cluster_num_heads
@@ -78,6 +64,7 @@ def routing_variables(hparams, layer_index):
   with tf1.variable_scope("routing"):
     km = kmeans.OnlineKMeans(num_routing, hparams.sparsity_cluster_size, depth,
                              decay=hparams.decay, beta=hparams.beta, ema=hparams.ema,
+                             legacy_counts=hparams.get("legacy_kmeans_counts", False),
                              name="cluster_attention")
     rel_k, rel_v = relative_tables(hparams, depth, hparams.sparsity_cluster_relative)
   return km, rel_k, rel_v
@@ -110,10 +97,9 @@ def local_variables(hparams, layer_index):
                            hparams.local_relative)
 
 
-def attention_output(out, hparams, train=False):
-  """Heads [b, h, n, d] -> [b, n, hidden]: dropout, shared head_dense, output_transform."""
-  out = tf.nn.dropout(out, rate=hparams.attention_dropout) if train and \
-      hparams.attention_dropout else out
+def attention_output(out, hparams):
+  """Heads [b, h, n, d] -> [b, n, hidden]: shared head_dense, output_transform (no dropout
+  here: `attention_dropout` drops the attention weights inside the heads, as the original)."""
   if hparams.head_dense:  # one [d, d] map shared by all heads, as in the released model
     out = dense(out, out.shape[-1], "head_dense")
   return dense(heads.combine_heads(out), hparams.hidden_size, "output_transform")
@@ -136,7 +122,13 @@ def head_config(hparams, length=None):
       window=hparams.sparsity_cluster_attention_window, block_length=block,
       flange=flange, share_qk=hparams.share_qk,
       routing_mode=hparams.routing_mode, random_routing=hparams.random_routing,
-      legacy_causal_key_routing=hparams.legacy_causal_key_routing)
+      legacy_causal_key_routing=hparams.legacy_causal_key_routing,
+      routing_padding_as_original=bool(hparams.get("routing_padding_as_original", False)))
+
+
+def attention_dropout_rate(hparams, train):
+  """The attention dropout on the weights: hparam `attention_dropout` in TRAIN mode, else 0."""
+  return float(hparams.get("attention_dropout", 0.0) or 0.0) if train else 0.0
 
 
 def self_attention(x, hparams, layer_index, padding, causal=True, train=False,
@@ -149,11 +141,13 @@ def self_attention(x, hparams, layer_index, padding, causal=True, train=False,
     layer_index: index of the layer (sparsity_skip_first turns routing heads local).
     padding: bool [b, n], True at padding positions, or None.
     causal: decoder (True) or encoder (False) self-attention.
-    train: TRAIN mode (random routing draws fresh members; centroids are updated).
+    train: TRAIN mode (random routing draws fresh members; centroids are updated; attention
+      dropout on the weights).
     read_centroids: optional km -> [h, c, d] centroid values to route with (default: read
       km.means); recompute_layers replays the forward's read in the backward pass.
   Returns:
-    (y [b, n, hidden], commitment loss (scalar, 0 without routing heads), KMeansStep or None).
+    (y [b, n, hidden], k-means loss (scalar, 0 without routing heads), kmeans.KMeansStep or
+    None).
   """
   num_routing, num_local, _ = head_counts(hparams, layer_index)
   q, k, v = projections(x, hparams, layer_index)
@@ -167,16 +161,16 @@ def self_attention(x, hparams, layer_index, padding, causal=True, train=False,
   if num_local:
     local_tables = local_variables(hparams, layer_index)
   out, aux = heads.mixed_heads(q, k, v, num_routing, head_config(hparams, x.shape[1]), causal,
-                               padding,
-                               means, routing_tables, local_tables, options)
+                               padding, means, routing_tables, local_tables, options,
+                               attention_dropout_rate(hparams, train))
   if num_routing:
     x_hats, clusters = kmeans.routed_vectors(aux, hparams.share_qk)
     loss = km.loss(aux["commitment_loss"], x_hats, clusters, aux["weights"])
     if train:
       statistics = routing.routing_statistics(aux["member_count"], aux["self_weight"],
                                               aux["weights"])
-      step = KMeansStep(km, x_hats, clusters, aux["weights"], statistics)
-  return attention_output(out, hparams, train), loss, step
+      step = kmeans.KMeansStep(km, x_hats, clusters, aux["weights"], statistics)
+  return attention_output(out, hparams), loss, step
 
 
 def local_ring_size(hparams, length):
@@ -280,7 +274,7 @@ def encdec_memory(memory, hparams):
   return k, v
 
 
-def encdec_attention(x, memory, hparams, memory_padding, position=None):
+def encdec_attention(x, memory, hparams, memory_padding, position=None, train=False):
   """Decoder-to-encoder attention (all heads local over the memory when lengths match).
 
   Args:
@@ -290,6 +284,7 @@ def encdec_attention(x, memory, hparams, memory_padding, position=None):
     memory_padding: bool [b, m] or None.
     position: None for whole sequences; the decoder position t (int32 scalar) of a single
       decoding step, whose query then attends to the memory window of block t // query_shape.
+    train: TRAIN mode (attention dropout on the weights).
   Returns:
     [b, n, hidden].
   """
@@ -305,9 +300,11 @@ def encdec_attention(x, memory, hparams, memory_padding, position=None):
                                            causal=False, padding=memory_padding, scale=1.0)
   elif local:
     out = attention.local_attention(q, k, v, block, hparams.memory_flange[0], causal=False,
-                                    padding=memory_padding, scale=1.0)
+                                    padding=memory_padding, scale=1.0,
+                                    dropout_rate=attention_dropout_rate(hparams, train))
   else:
-    out = attention.full_attention(q, k, v, causal=False, padding=memory_padding, scale=1.0)
+    out = attention.full_attention(q, k, v, causal=False, padding=memory_padding, scale=1.0,
+                                   dropout_rate=attention_dropout_rate(hparams, train))
   return dense(heads.combine_heads(out), hparams.hidden_size, "output_transform")
 
 

@@ -3,8 +3,8 @@
 Decoder-only LM (num_encoder_layers = 0) or encoder-decoder. Embeddings, the projection to
 hidden_size and the output projection live in the body (as in the released model), so the
 model's bottom and top are identities and the body returns logits [b, n, 1, 1, vocab] plus
-{"extra_loss": sum of beta * commitment losses}. Sequences are padded to max_target_length /
-max_length so every shape is static (TPU/XLA).
+{"extra_loss": sum of the layers' k-means losses (`kmeans.clustering_loss`)}. Sequences are padded
+to max_target_length / max_length so every shape is static (TPU/XLA).
 
 Centroid updates: in TRAIN mode each routing layer reports its k-means statistics; after all
 data-parallel shards are built, `model_fn_sharded` averages them over shards (cross-replica sum
@@ -95,6 +95,11 @@ def pad_to_length(ids, length, name):
     padded = tf.pad(ids, [[0, 0], [0, length - n]])
   padded.set_shape([ids.shape[0], length])
   return padded
+
+
+def cross_replica_sum(counts, sums):
+  """TPU: k-means statistics summed over replicas, so every replica keeps identical centroids."""
+  return tf1.tpu.cross_replica_sum(counts), tf1.tpu.cross_replica_sum(sums)
 
 
 @registry.register_model
@@ -190,7 +195,8 @@ class RoutingTransformer(t2t_model.T2TModel):
       return out
 
     memory_attend = None if memory is None else (
-        lambda y, i: layers.encdec_attention(y, memory, hparams, memory_padding))
+        lambda y, i: layers.encdec_attention(y, memory, hparams, memory_padding,
+                                             train=self.is_train))
     x = self.layer_stack(x, prefix, num_layers, attend, memory_attend)
     return x, tf.add_n(losses)
 
@@ -326,21 +332,14 @@ class RoutingTransformer(t2t_model.T2TModel):
     return sharded_logits, losses
 
   def centroid_update(self, steps):
-    """One EMA update of a layer's centroids from the statistics of every shard (and replica)."""
-    stats = [step.statistics() for step in steps]
-    counts = tf.add_n([c for c, _ in stats]) / len(stats)
-    sums = tf.add_n([s for _, s in stats]) / len(stats)
-    km = steps[0].km
-    if common_layers.is_xla_compiled():  # TPU: identical centroids on every replica
-      counts = tf1.tpu.cross_replica_sum(counts)
-      sums = tf1.tpu.cross_replica_sum(sums)
-    candidates = None
-    if self.hparams.get("reseed_dead_clusters", False) and not common_layers.is_xla_compiled():
-      first = steps[0]  # re-seeding values from this shard's queries (off on TPU: see docs)
-      candidates = kmeans.reseed_candidates(first.x_hats[0], first.weights, km.num_clusters)
-    op, _ = km.update_from_statistics(counts, sums, candidates)
+    """One EMA update of a layer's centroids from every shard (`kmeans.shard_update`), the
+    statistics summed across TPU replicas; TRAIN summaries of its occupancy and routing."""
+    on_tpu = common_layers.is_xla_compiled()
+    # Re-seeding values come from the first shard's queries (off on TPU: see docs).
+    reseed = self.hparams.get("reseed_dead_clusters", False) and not on_tpu
+    op, counts = kmeans.shard_update(steps, cross_replica_sum if on_tpu else None, reseed)
     if common_layers.should_generate_summaries():
-      name = km.means.name.split("/body/")[-1].replace("/means:0", "")
+      name = steps[0].km.means.name.split("/body/")[-1].replace("/means:0", "")
       scalars = dict(kmeans.occupancy(counts))  # cluster balance: min/max share, entropy
       for key in steps[0].routing_statistics:  # no_cluster_share, self_attention_share
         scalars[key] = tf.add_n([s.routing_statistics[key] for s in steps]) / len(steps)

@@ -20,10 +20,13 @@ t2t-trainer, which also gets the bookkeeping variables it restores: `TRAINER_STA
 An hparams.json beside the checkpoint is compared with --hparams_set (one report naming every
 difference), or used to build the hparams with --hparams_json=use (`hparams_json`). The tool prints
 the model's parameter count and vocabulary size computed from the checkpoint's variables (and the
---vocab file's subword count), never from a file name.
+--vocab file's subword count), never from a file name, and which layers have clustering (routing)
+heads: those holding k-means centroids (the released PG-19 model: only the top layer, 21 of 22,
+as `sparsity_skip_first=21` of its set says).
 """
 import argparse
 import collections
+import json
 import os
 import re
 import sys
@@ -47,6 +50,9 @@ variables_of = checkpoint_files.variables_of
 write_checkpoint = checkpoint_files.write_checkpoint
 
 ORIGINAL_MODEL = "sparse_transformer"
+# Written beside a converted checkpoint: it holds an original release's weights
+# (`is_original_release`).
+ORIGINAL_RELEASE_FILE = "original_release.json"
 GLOBAL_STEP = "global_step"
 # Variables stock t2t-trainer creates outside TPU (t2t_model.create_dummy_vars) and restores when
 # training resumes, with T2T's initial values; kept or added with optimizer_slots="map".
@@ -356,6 +362,8 @@ def convert(source, output_dir, hparams=None, model="routing_transformer",
   prefix = os.path.join(output_dir, "model.ckpt-%d" % step)
   write_checkpoint(prefix, tensors)
   tf1.train.update_checkpoint_state(output_dir, prefix)
+  with tf.io.gfile.GFile(os.path.join(output_dir, ORIGINAL_RELEASE_FILE), "w") as f:
+    json.dump({"checkpoint": os.path.basename(prefix), "source": source}, f)
   return report, prefix
 
 
@@ -424,6 +432,38 @@ def legacy_note(hparams):
           "with fast_decode=False) to compute its function.")
 
 
+def is_original_release(prefix, variables=None):
+  """Whether checkpoint `prefix` holds an original-release model: its variables carry the
+  original's names, or the converter wrote it (ORIGINAL_RELEASE_FILE beside it names it).
+
+  variables: {name: (shape, dtype)} of the checkpoint if already read.
+  """
+  variables = read_variables(prefix) if variables is None else variables
+  if any(from_original(name, ORIGINAL_MODEL) != name for name in variables):
+    return True
+  path = os.path.join(os.path.dirname(prefix), ORIGINAL_RELEASE_FILE)
+  if not tf.io.gfile.exists(path):
+    return False
+  with tf.io.gfile.GFile(path) as f:
+    return json.load(f).get("checkpoint") == os.path.basename(prefix)
+
+
+def has_routing_heads(hparams):
+  """Whether some decoder layer of `hparams` has routing heads."""
+  return bool(hparams.sparsity_cluster_num_heads and
+              hparams.sparsity_skip_first < hparams.num_decoder_layers)
+
+
+def padding_note(hparams):
+  """One line on routing_padding_as_original for a converted checkpoint with routing heads."""
+  if hparams is None or not has_routing_heads(hparams):
+    return None
+  return ("note: the original release lets padding take part in routing (cluster membership, "
+          "k-means statistics); the scorer and the probes set routing_padding_as_original=True "
+          "for this checkpoint, so inputs shorter than max_target_length score as the original "
+          "code scores them.")
+
+
 def vocab_file_size(path):
   """Subwords in a T2T SubwordTextEncoder vocab file: its number of non-empty lines."""
   if not tf.io.gfile.exists(path):
@@ -464,6 +504,59 @@ def model_summary(variables, report):
   return text
 
 
+_LAYER = re.compile(r"/body/(decoder|encoder)_layer_(\d+)/")
+
+
+def _ranges(indices):
+  """"0-20, 22" of sorted ints."""
+  out, start = [], None
+  for i, x in enumerate(indices):
+    if start is None:
+      start = x
+    if i + 1 == len(indices) or indices[i + 1] != x + 1:
+      out.append(str(start) if start == x else "%d-%d" % (start, x))
+      start = None
+  return ", ".join(out)
+
+
+def routing_layers(names_and_shapes):
+  """{stack: (all layer indices, {routing layer index: (heads, clusters)})} of our variable names
+  (stack "decoder" or "encoder"): a layer has clustering (routing) heads when its self-attention
+  holds k-means centroids `routing/cluster_attention/means` [heads, clusters, depth]."""
+  out = {}
+  for name, shape in names_and_shapes.items():
+    found = _LAYER.search(name)
+    if not found:
+      continue
+    layers, routing = out.setdefault(found.group(1), (set(), {}))
+    layers.add(int(found.group(2)))
+    if name.endswith("/self_attention/routing/cluster_attention/means"):
+      routing[int(found.group(2))] = tuple(int(x) for x in shape[:2])
+  return out
+
+
+def routing_summary(variables, report):
+  """One line: which layers have clustering (routing) heads, read from the written variables
+  (the layers with k-means centroids), e.g. "clustering (routing) heads: decoder layer 21 of 22
+  (2 heads x 16 clusters); layers 0-20: local heads only" for the released PG-19 model."""
+  shapes = {ours: variables[orig][0] for orig, ours in report.renamed.items()}
+  parts = []
+  for stack, (layers, routing) in sorted(routing_layers(shapes).items()):
+    if not routing:
+      parts.append("none of the %d %s layers" % (len(layers), stack))
+      continue
+    kinds = sorted(set(routing.values()))
+    with_routing = sorted(routing)
+    local = sorted(layers - set(routing))
+    text = "%s layer%s %s of %d (%s)" % (
+        stack, "s" if len(with_routing) > 1 else "", _ranges(with_routing), len(layers),
+        ", ".join("%d heads x %d clusters" % k for k in kinds))
+    if local:
+      text += "; layer%s %s: local heads only" % ("s" if len(local) > 1 else "", _ranges(local))
+    parts.append(text)
+  return "clustering (routing) heads: " + ("; ".join(parts) or "no layers found")
+
+
 def main(argv=None):
   parser = argparse.ArgumentParser(
       prog="python -m routing_transformer.tools.checkpoints",
@@ -500,11 +593,12 @@ def main(argv=None):
     sys.exit("error: %s" % (e.message if isinstance(e, tf.errors.OpError) else e))
   print(describe(report))
   print(summary)
+  print(routing_summary(variables, report))
   print("wrote %s (restore with --model=%s --output_dir=%s)" % (prefix, args.model,
                                                                args.output_dir))
-  note = legacy_note(hparams)
-  if note:
-    print(note)
+  for note in (padding_note(hparams), legacy_note(hparams)):
+    if note:
+      print(note)
   return 0
 
 

@@ -7,12 +7,19 @@
 
     python -m routing_transformer.tools.score --checkpoint DIR --hparams_set pg19_local_cluster8k \\
         --vocab vocab.pg19_length8k.32768.subwords --text_file book.txt \\
-        [--span_start C --span_end C] [--t2t_usr_dir DIR,...]
+        [--span_start C --span_end C] [--reading lines|whole_text] [--t2t_usr_dir DIR,...]
+
+Text becomes ids through the one PG-19 reading, `problems.pg19_reading.encode`: by default the
+original release's (each line stripped and encoded on its own, the lines joined without newlines;
+what the released vocabulary was built from and what `t2t-datagen --problem=pg19_length8k`
+writes); reading="whole_text" encodes the text with its newlines, for vocabularies built that way
+and for text that is not PG-19 books (e.g. byte-level models).
 
 The model is built once in its own tf.compat.v1 graph and session (exactly how T2T restores
 checkpoints); callers pass strings and get numpy arrays. Checkpoints written by t2t-trainer under
 `routing_transformer/` or `sparse_transformer/`, and original-release checkpoints (renamed in
-memory through `checkpoints.LEGACY_NAMES`), are all restored.
+memory through `checkpoints.LEGACY_NAMES`), are all restored; original-release ones (raw or
+converted) route padding as the original code did (hparam routing_padding_as_original).
 
 Windows. The model sees at most L = max_target_length tokens. The tokens to score are cut into
 consecutive chunks of `stride` tokens (default L); each chunk is scored in one window of at most
@@ -32,6 +39,8 @@ import sys
 import numpy as np
 import tensorflow as tf
 
+from problems import pg19_reading
+from problems.errors import DataError
 from routing_transformer.tools import checkpoints
 from routing_transformer.t2t import perplexity
 from routing_transformer.t2t import usr_dirs
@@ -86,14 +95,16 @@ def load_encoder(vocab, problem=None, data_dir=None):
   return text_encoder.SubwordTextEncoder(vocab)
 
 
-def encode_text(encoder, text, pg19_lines=False):
-  """Token ids of `text`; pg19_lines: like the original PG-19 data (stripped lines, joined)."""
-  if not pg19_lines:
-    return list(encoder.encode(text))
-  ids = []
-  for line in text.split("\n"):
-    ids.extend(encoder.encode(line.strip()))
-  return ids
+def original_padding(hparams):
+  """Sets routing_padding_as_original=True on `hparams` (an original-release checkpoint: padding
+  takes part in routing as in the original code); returns the line saying so."""
+  if "routing_padding_as_original" in hparams.values():
+    hparams.set_hparam("routing_padding_as_original", True)
+  else:
+    hparams.add_hparam("routing_padding_as_original", True)
+  return ("original-release checkpoint: routing_padding_as_original=True (padding takes part in "
+          "cluster membership and k-means statistics, as in the original code; override with "
+          "--hparams=routing_padding_as_original=False)")
 
 
 def restore_map(graph_variables, stored):
@@ -131,19 +142,24 @@ class Scorer(object):
   """Per-token log-likelihoods of texts under a checkpoint (numpy in, numpy out)."""
 
   def __init__(self, checkpoint, hparams_set, vocab=None, hparams="", batch_size=1, stride=None,
-               model="routing_transformer", pg19_lines=False, append_eos=False, problem=None,
-               data_dir=None, t2t_usr_dir=None, hparams_json="check"):
+               model="routing_transformer", reading=pg19_reading.LINES, append_eos=False,
+               problem=None, data_dir=None, t2t_usr_dir=None, hparams_json="check"):
     """Builds the model and restores the checkpoint.
 
     Args:
       checkpoint: checkpoint prefix or directory (ours or the original release's names).
       hparams_set: registered hparams set name, or an HParams object.
       vocab: subword vocab file path, or a T2T TextEncoder (None: the problem's encoder).
-      hparams: "k=v,..." overrides of the set.
+      hparams: "k=v,..." overrides of the set. An original-release checkpoint
+        (`checkpoints.is_original_release`: original names, or written by the converter) runs
+        with routing_padding_as_original=True unless these name it; `notes` says so.
       batch_size: windows per session run.
       stride: chunk size for long texts (see module docstring); default max_target_length.
       model: "routing_transformer" or "sparse_transformer" (graph scope; both restore any names).
-      pg19_lines: encode like the original PG-19 data (each line stripped, lines joined).
+      reading: how texts become ids (`problems.pg19_reading`): "lines" (default; the original
+        PG-19 data: each line stripped and encoded, joined without newlines) or "whole_text"
+        (the text with its newlines). "lines" with a vocabulary built from whole texts is
+        refused.
       append_eos: score an EOS after each text (the PG-19 examples end with one).
       problem, data_dir: a registered T2T problem whose targets encoder (read from data_dir)
         is used when `vocab` is None.
@@ -164,6 +180,11 @@ class Scorer(object):
       raise ScorerError(str(e))
     self.encoder = load_encoder(vocab, problem, data_dir)
     try:
+      self.reading = pg19_reading.check(reading)
+      pg19_reading.check_vocabulary(self.encoder, reading, "--reading=whole_text")
+    except DataError as e:
+      raise ScorerError(str(e))
+    try:
       self.hparams = checkpoints.resolve_hparams(self.checkpoint, hparams_set, hparams,
                                                  hparams_json, t2t_usr_dir)
     except checkpoints.CheckpointError as e:
@@ -177,10 +198,15 @@ class Scorer(object):
       raise ScorerError(str(e))
     self.length = self.hparams.max_target_length or self.hparams.max_length
     self.batch_size, self.stride = batch_size, stride
-    self.pg19_lines, self.append_eos = pg19_lines, append_eos
+    self.append_eos = append_eos
     plan_windows(0, 0, self.length, stride)  # validates stride
 
     stored = checkpoints.read_variables(self.checkpoint)
+    self.notes = []  # lines about how the checkpoint is run (the CLI's JSON "notes")
+    if checkpoints.has_routing_heads(self.hparams) and \
+        "routing_padding_as_original" not in (hparams if isinstance(hparams, str) else "") and \
+        checkpoints.is_original_release(self.checkpoint, stored):
+      self.notes.append(original_padding(self.hparams))
     rows = [shape[0] for name, (shape, _) in stored.items()
             if name.endswith("/body/embeddings/embedding")]
     if not rows:
@@ -215,8 +241,8 @@ class Scorer(object):
       tf1.train.Saver(var_list=var_list).restore(self.session, self.checkpoint)
 
   def encode(self, text):
-    """Token ids of one text (with EOS when append_eos)."""
-    ids = encode_text(self.encoder, text, self.pg19_lines)
+    """Token ids of one text, read with `reading` (`pg19_reading.encode`; EOS when append_eos)."""
+    ids = pg19_reading.encode(self.encoder, text, self.reading)
     return ids + [1] if self.append_eos else ids  # T2T's EOS_ID
 
   def score_ids(self, sequences):
@@ -291,7 +317,7 @@ class Scorer(object):
     """
     sequences = []
     for prefix, span in pairs:
-      prefix_ids = encode_text(self.encoder, prefix, self.pg19_lines) if prefix else []
+      prefix_ids = pg19_reading.encode(self.encoder, prefix, self.reading) if prefix else []
       sequences.append((prefix_ids + self.encode(span), len(prefix_ids)))
     return self.score_ids(sequences)
 
@@ -337,8 +363,10 @@ def main(argv=None):
   parser.add_argument("--span_end", type=int, default=None)
   parser.add_argument("--batch_size", type=int, default=1)
   parser.add_argument("--stride", type=int, default=None)
-  parser.add_argument("--pg19_lines", action="store_true",
-                      help="encode like the original PG-19 data (stripped lines joined)")
+  parser.add_argument("--reading", default=pg19_reading.LINES, choices=pg19_reading.READINGS,
+                      help="lines: each line stripped and encoded, joined without newlines (the "
+                           "original PG-19 data; default); whole_text: the text with its newlines "
+                           "(vocabularies built that way, non-PG-19 text)")
   parser.add_argument("--append_eos", action="store_true")
   parser.add_argument("--hparams_json", default="check", choices=["check", "use", "ignore"],
                       help="hparams.json beside the checkpoint: check it against --hparams_set "
@@ -361,7 +389,7 @@ def main(argv=None):
                           % len(texts[0]))
       pairs = [(texts[0][:start], texts[0][start:end])]
     scorer = Scorer(args.checkpoint, args.hparams_set, args.vocab, args.hparams,
-                    args.batch_size, args.stride, pg19_lines=args.pg19_lines,
+                    args.batch_size, args.stride, reading=args.reading,
                     append_eos=args.append_eos, problem=args.problem, data_dir=args.data_dir,
                     t2t_usr_dir=args.t2t_usr_dir, hparams_json=args.hparams_json)
     if span:
@@ -380,6 +408,8 @@ def main(argv=None):
       result["files"].append(entry)
     if len(texts) > 1:
       result["total"] = scorer.summary(texts, scores)
+    if scorer.notes:
+      result["notes"] = scorer.notes
   except (ScorerError, ValueError, tf.errors.OpError) as e:
     sys.exit("error: %s" % (e.message if isinstance(e, tf.errors.OpError) else e))
   print(json.dumps(result, indent=1))

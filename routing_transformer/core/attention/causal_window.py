@@ -14,6 +14,7 @@ the cluster's order (the rank distance of paper routing).
 """
 import tensorflow as tf
 
+from routing_transformer.core import kmeans
 from routing_transformer.core.attention import common
 from routing_transformer.core.attention import routing
 
@@ -43,7 +44,7 @@ def look_back_blocks(x, window, fill=0):
 
 def causal_window_attention(q, k, v, centroids, window, share_qk=True, padding=None,
                             relative_keys=None, relative_values=None, exclude_self=False,
-                            logit_scale=None):
+                            logit_scale=None, dropout_rate=0.0, padding_as_original=False):
   """Strictly causal routing attention.
 
   Args:
@@ -56,28 +57,25 @@ def causal_window_attention(q, k, v, centroids, window, share_qk=True, padding=N
     relative_keys, relative_values: optional [2R + 1, d] tables, indexed by the distance in the
       cluster's order (0 for the query itself, -1 for the previous member, ...).
     exclude_self, logit_scale: extensions, as in `routing_attention`.
+    dropout_rate: attention dropout on the weights (hparam `attention_dropout` in TRAIN mode).
+    padding_as_original: padding takes part in the k-means statistics and the commitment loss
+      and is not masked as a key, as the original release treats it (`routing.padding_roles`).
   Returns:
     (output [b, h, n, d], aux) with aux keys as `routing_attention` ("query_clusters",
     "commitment_loss", "q_hat", "k_hat", "weights"; "key_clusters" without share_qk).
   """
-  name = "causal_window_attention"
-  q, k, v, relative_keys, relative_values, heads, n, depth = common.self_attention_inputs(
-      q, k, v, relative_keys, relative_values, name)
-  centroids = tf.convert_to_tensor(centroids)
-  routing.check_routing(n, depth, centroids, window, name)
-  pad = common.key_padding(padding, None, n, name)
-  batch = tf.shape(q)[0]
-
-  q_hat = common.layer_norm_no_scale(q)
-  k_hat = q_hat if share_qk else common.layer_norm_no_scale(k)
-  weights = routing.position_weights(pad, batch, n)
-  mu = tf.stop_gradient(centroids)
-  clusters = routing.assignments(routing.centroid_scores(q_hat, mu))  # [b, h, n]
-  loss = routing.commitment_loss(q_hat, mu, clusters, weights)
+  q_hat, k_hat, v, mu, pad, relative_keys, relative_values = routing.normalised_inputs(
+      q, k, v, centroids, window, share_qk, padding, relative_keys, relative_values,
+      "causal_window_attention")
+  _, heads, n, depth = q_hat.shape.as_list()
+  pad, _, kmeans_pad = routing.padding_roles(pad, True, padding_as_original)
+  weights = routing.position_weights(kmeans_pad, tf.shape(q_hat)[0], n)
+  clusters = kmeans.assignments(routing.centroid_scores(q_hat, mu))  # [b, h, n]
+  loss = kmeans.commitment_loss(q_hat, mu, clusters, weights)
   aux = {"q_hat": q_hat, "k_hat": k_hat, "weights": weights, "query_clusters": clusters}
   if not share_qk:  # keys live at their position's cluster; they still commit to their own
-    aux["key_clusters"] = routing.assignments(routing.centroid_scores(k_hat, mu))
-    loss = 0.5 * (loss + routing.commitment_loss(k_hat, mu, aux["key_clusters"], weights))
+    aux["key_clusters"] = kmeans.assignments(routing.centroid_scores(k_hat, mu))
+    loss = 0.5 * (loss + kmeans.commitment_loss(k_hat, mu, aux["key_clusters"], weights))
   aux["commitment_loss"] = loss
 
   order = sort_by_cluster(clusters)  # [b, h, n]
@@ -116,9 +114,10 @@ def causal_window_attention(q, k, v, centroids, window, share_qk=True, padding=N
   if exclude_self:  # the query's own slot is at sorted distance 0
     allowed = common.exclude_self(allowed, tf.equal(distance, 0))
   probs = common.masked_softmax(logits, allowed)
-  out = tf.einsum("bhnqk,bhnkd->bhnqd", probs, v_s)
+  dropped = common.attention_dropout(probs, dropout_rate)
+  out = tf.einsum("bhnqk,bhnkd->bhnqd", dropped, v_s)
   if relative_values is not None:
-    out += common.relative_outputs(probs, relative_values, window, 0, causal=True)
+    out += common.relative_outputs(dropped, relative_values, window, 0, causal=True)
   if pad is not None:
     out = common.zero_empty_rows(out, allowed)
   out = tf.reshape(out, [-1, heads, padded_n, v.shape[-1]])[:, :, :n]

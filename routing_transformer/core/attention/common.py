@@ -4,18 +4,12 @@ Shapes use b = batch, h = heads, n = length, d = depth per head.
 """
 import tensorflow as tf
 
+from routing_transformer.core import norm
 
-def layer_norm_no_scale(x, epsilon=1e-6):
-  """LayerNorm with scale and bias disabled over the last axis: mean 0, variance 1.
 
-  Args:
-    x: [..., d] float tensor.
-    epsilon: added to the variance.
-  Returns:
-    [..., d] tensor of x's dtype.
-  """
-  mean, variance = tf.nn.moments(x, axes=[-1], keepdims=True)
-  return (x - mean) * tf.math.rsqrt(variance + epsilon)
+# LayerNorm without scale, routing's normalisation; defined in core/norm.py, which the k-means
+# imports without importing this package.
+layer_norm_no_scale = norm.layer_norm_no_scale
 
 
 def mask_value(dtype):
@@ -37,6 +31,27 @@ def masked_softmax(logits, allowed):
     [..., m] probabilities.
   """
   return tf.nn.softmax(tf.where(allowed, logits, mask_value(logits.dtype)))
+
+
+def attention_dropout(probs, rate):
+  """Attention dropout on the softmax weights (hparam `attention_dropout`, TRAIN mode only).
+
+  Each weight is zeroed with probability `rate` and the others are scaled by 1 / (1 - rate),
+  before the products with the values and with the relative-value table, as the original release
+  (utils.py `dot_product_attention`, `dot_product_attention_relative`) and T2T do.
+
+  Args:
+    probs: [..., m] attention weights.
+    rate: Python float in [0, 1); 0 returns `probs` itself.
+  Returns:
+    [..., m].
+  """
+  if not rate:
+    return probs
+  if not 0.0 < rate < 1.0:
+    raise ValueError("attention dropout rate %r must be in [0, 1); set attention_dropout "
+                     "accordingly." % (rate,))
+  return tf.nn.dropout(probs, rate=rate)
 
 
 def exclude_self(allowed, is_self):

@@ -4,7 +4,7 @@ import tensorflow as tf
 from routing_transformer.core.attention import common
 
 
-def full_attention(q, k, v, causal=True, padding=None, scale=None):
+def full_attention(q, k, v, causal=True, padding=None, scale=None, dropout_rate=0.0):
   """Dense scaled dot-product attention.
 
   Args:
@@ -14,6 +14,8 @@ def full_attention(q, k, v, causal=True, padding=None, scale=None):
     causal: query i attends to keys j <= i.
     padding: optional [b, m] bool/int, True or nonzero marks padding keys (masked out).
     scale: logit scale; default d ** -0.5.
+    dropout_rate: attention dropout on the weights (`common.attention_dropout`); 0 in
+      evaluation and decoding.
   Returns:
     [b, h, n, d_v]; a query with no allowed key gets 0.
   """
@@ -32,7 +34,7 @@ def full_attention(q, k, v, causal=True, padding=None, scale=None):
   pad = common.key_padding(padding, None, m, "full_attention")
   if pad is not None:
     allowed = tf.logical_and(allowed, tf.logical_not(pad)[:, tf.newaxis, tf.newaxis, :])
-  probs = common.masked_softmax(logits, allowed)
+  probs = common.attention_dropout(common.masked_softmax(logits, allowed), dropout_rate)
   out = tf.einsum("bhqk,bhkd->bhqd", probs, v)
   if pad is not None:  # a query whose allowed keys are all padding gets 0
     out = common.zero_empty_rows(out, allowed)

@@ -7,11 +7,12 @@ d = depth, c = clusters, w = window.
 Decode-time routing rule (SPEC section 5): at step t, cluster membership is the top-w of the
 centroid scores over the prefix 0..t only (positions after t do not compete). The query at t gets
 the average of its in-cluster attention over the clusters whose top-w contains t (0 if none).
-`prefix_routing_attention` computes the same rule for every position of a full sequence; it is the
-reference the cached decoder is tested against.
+The tests check the cached decoder against the same rule computed for every position of a full
+sequence (`prefix_routing_attention` in tests/oracles.py).
 """
 import tensorflow as tf
 
+from routing_transformer.core import kmeans
 from routing_transformer.core.attention import common
 from routing_transformer.core.attention import routing
 
@@ -136,38 +137,6 @@ def _rank_embeddings(table, distance):
   return tf.gather(table, tf.clip_by_value(distance, -radius, radius) + radius)
 
 
-def prefix_routing_attention(q, k, v, centroids, window, share_qk=True, relative_keys=None,
-                             relative_values=None, exclude_self=False, logit_scale=None):
-  """Causal routing attention where query i is routed over the prefix 0..i only.
-
-  The full-sequence form of the decode-time rule (reference for the cached decoder). Costs n
-  times `routing_attention` (it runs it once per prefix, batched), so use it on short sequences.
-
-  Args:
-    q, k, v: [b, h, n, d] routing-head queries, keys (ignored with share_qk), values.
-    centroids: [h, c, d].
-    window: w.
-    share_qk: keys are the queries.
-    relative_keys, relative_values: optional [2R + 1, d] tables.
-    exclude_self, logit_scale: extensions, as in `routing.routing_attention`.
-  Returns:
-    [b, h, n, d].
-  """
-  q, k, v = (tf.convert_to_tensor(x) for x in (q, k, v))
-  batch, heads, n, depth = q.shape
-  tile = lambda x: tf.reshape(tf.tile(x[tf.newaxis], [n, 1, 1, 1, 1]), [n * batch, heads, n, -1])
-  prefix = tf.range(n)
-  padding = prefix[tf.newaxis, :] > prefix[:, tf.newaxis]  # [n prefixes, n]: j after i
-  padding = tf.reshape(tf.tile(padding[:, tf.newaxis], [1, batch, 1]), [n * batch, n])
-  out, _ = routing.routing_attention(tile(q), tile(k), tile(v), centroids, window, causal=True,
-                                     share_qk=share_qk, padding=padding, relative_keys=relative_keys,
-                                     relative_values=relative_values, exclude_self=exclude_self,
-                                     logit_scale=logit_scale)
-  out = tf.reshape(out, [n, batch, heads, n, depth])  # [prefix i, b, h, position, d]
-  diagonal = tf.gather(tf.transpose(out, [0, 3, 1, 2, 4]), prefix[:, tf.newaxis], batch_dims=1)
-  return tf.transpose(diagonal[:, 0], [1, 2, 0, 3])  # out[i, position i] -> [b, h, n, d]
-
-
 def local_ring_step(q, k_ring, v_ring, ring_positions, position, block_length, flange,
                     relative_keys=None, relative_values=None, scale=None):
   """Causal local attention of the query at `position` over a ring buffer of recent keys.
@@ -232,7 +201,7 @@ def causal_window_step(q_hat, k_hat, v, centroids, cache, relative_keys=None,
     (output [b, h, 1, d], updated cache). Cost O(c d + w d), independent of the prefix.
   """
   window = cache["keys"].shape[3]
-  cluster = routing.assignments(routing.centroid_scores(q_hat, tf.stop_gradient(centroids)))
+  cluster = kmeans.assignments(routing.centroid_scores(q_hat, tf.stop_gradient(centroids)))
   cluster = cluster[:, :, 0]  # [b, h]
   ordinal = tf.gather(cache["counts"], cluster, batch_dims=2)  # [b, h]
   batch, heads = tf.shape(cluster)[0], tf.shape(cluster)[1]

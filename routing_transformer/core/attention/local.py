@@ -48,7 +48,7 @@ def memory_blocks(x, block_length, before, after):
 
 
 def local_attention(q, k, v, block_length, flange, causal=True, relative_keys=None,
-                    relative_values=None, padding=None, scale=None):
+                    relative_values=None, padding=None, scale=None, dropout_rate=0.0):
   """Blocked local self-attention with optional Shaw relative positions.
 
   Args:
@@ -60,6 +60,8 @@ def local_attention(q, k, v, block_length, flange, causal=True, relative_keys=No
     relative_values: optional [2R + 1, d] table; adds sum_j a_ij r[clip(j - i)] to the output.
     padding: optional [b, n] bool/int, True or nonzero marks padding keys.
     scale: logit scale (applied to q, so to relative logits too); default d ** -0.5.
+    dropout_rate: attention dropout on the weights, before the values and relative-values
+      products (`common.attention_dropout`); 0 in evaluation and decoding.
   Returns:
     [b, h, n, d]; a query with no allowed key gets 0.
   """
@@ -97,7 +99,7 @@ def local_attention(q, k, v, block_length, flange, causal=True, relative_keys=No
                                after)  # [b, 1, nb, W]
     allowed = tf.logical_and(allowed, tf.equal(pad_memory, 0)[:, :, :, tf.newaxis, :])
 
-  probs = common.masked_softmax(logits, allowed)
+  probs = common.attention_dropout(common.masked_softmax(logits, allowed), dropout_rate)
   out = tf.einsum("bhnqk,bhnkd->bhnqd", probs, v_memory)
   if relative_values is not None:
     out += common.relative_outputs(probs, relative_values, 0, -flange, causal=causal)

@@ -6,9 +6,14 @@ centroid c take the `window` = w best positions (sorted back into sequence order
 each w x w cluster block (causal triangle in causal mode, unscaled logits), and scatter the cluster
 outputs back, dividing by how many clusters each position is in (+ 1e-2).
 Cost O(n c d + c w^2 d); with c = n / w and w ~ sqrt(n) this is O(n^1.5 d).
+
+`routing_attention` is those steps in order: `normalised_inputs` (1), `route` (2, 3: assignments,
+commitment loss, members), `cluster_attention` (4 to 7). The original release's causal rule with
+separate keys, which only its checkpoints need, is `legacy.causal_key_routing_attention`.
 """
 import tensorflow as tf
 
+from routing_transformer.core import kmeans
 from routing_transformer.core.attention import common
 
 COUNT_EPSILON = 1e-2
@@ -74,23 +79,8 @@ def scatter_clusters(values, indices, length):
   return tf.reshape(summed, [batch, heads, length, values.shape[4]])
 
 
-def assignments(scores):
-  """Hard k-means assignment: the best centroid of every position.
-
-  Args:
-    scores: [b, h, c, n] from `centroid_scores`.
-  Returns:
-    int32 [b, h, n].
-  """
-  return tf.argmax(scores, axis=2, output_type=tf.int32)
 
 
-def assigned_centroids(centroids, clusters):
-  """mu[h, clusters[b, h, i]] for every position: [h, c, d], [b, h, n] -> [b, h, n, d]."""
-  heads, num_clusters, depth = centroids.shape
-  flat = tf.reshape(centroids, [heads * num_clusters, depth])
-  offsets = tf.reshape(tf.range(heads) * num_clusters, [1, heads, 1])
-  return tf.gather(flat, clusters + offsets)
 
 
 def position_weights(padding, batch, length, dtype=tf.float32):
@@ -100,27 +90,8 @@ def position_weights(padding, batch, length, dtype=tf.float32):
   return 1.0 - tf.cast(padding, dtype)
 
 
-def centroid_distance(x_hat, centroids, clusters, weights):
-  """mean((x - mu[assigned])^2) over real positions, heads and depth.
-
-  Args:
-    x_hat: [b, h, n, d].
-    centroids: [h, c, d].
-    clusters: int32 [b, h, n] assignments.
-    weights: [b, n], 1 for real positions and 0 for padding.
-  Returns:
-    float32 scalar.
-  """
-  mu = tf.cast(assigned_centroids(centroids, clusters), x_hat.dtype)
-  squared = tf.reduce_sum(tf.cast(tf.square(x_hat - mu), tf.float32), axis=-1)  # [b, h, n]
-  weights = tf.cast(weights, tf.float32)[:, tf.newaxis, :]
-  total = tf.reduce_sum(weights) * x_hat.shape[1] * x_hat.shape[-1]
-  return tf.reduce_sum(squared * weights) / tf.maximum(total, 1.0)
 
 
-def commitment_loss(x_hat, centroids, clusters, weights):
-  """mean((x - stop_gradient(mu[assigned]))^2): pulls the vectors towards their centroids."""
-  return centroid_distance(x_hat, tf.stop_gradient(centroids), clusters, weights)
 
 
 def check_routing(length, depth, centroids, window, name):
@@ -135,9 +106,154 @@ def check_routing(length, depth, centroids, window, name):
         "raise max_length." % (name, window, length))
 
 
+def normalised_inputs(q, k, v, centroids, window, share_qk, padding, relative_keys,
+                      relative_values, name):
+  """Validated routing inputs, queries and keys normalised (step 1).
+
+  Returns:
+    (q_hat, k_hat [b, h, n, d] (the same tensor with share_qk), v, stop_gradient(centroids)
+    [h, c, d], padding bool [b, n] or None, relative_keys, relative_values).
+  """
+  q, k, v, relative_keys, relative_values, _, n, depth = common.self_attention_inputs(
+      q, k, v, relative_keys, relative_values, name)
+  centroids = tf.convert_to_tensor(centroids)
+  check_routing(n, depth, centroids, window, name)
+  pad = common.key_padding(padding, None, n, name)
+  q_hat = common.layer_norm_no_scale(q)
+  k_hat = q_hat if share_qk else common.layer_norm_no_scale(k)
+  # No gradient reaches the centroids through routing (top-k and argmax are discrete).
+  return q_hat, k_hat, v, tf.stop_gradient(centroids), pad, relative_keys, relative_values
+
+
+def padding_roles(padding, causal, as_original=False):
+  """What padding does in routing: (key mask, member padding, k-means padding).
+
+  Ours (as_original=False): padding positions are masked as keys, lose every top-k tie with a
+  real position and carry no k-means statistics or commitment loss. The original release
+  (as_original=True, hparam `routing_padding_as_original`) routes them like real positions: they
+  compete for cluster slots and enter the k-means statistics and the commitment loss; its decoder
+  gives self-attention no padding mask (causal: no key mask), its encoder masks padding keys.
+
+  Args:
+    padding: bool [b, n] or None.
+    causal: decoder self-attention.
+    as_original: the original release's treatment.
+  Returns:
+    (key padding, member padding, k-means padding), each bool [b, n] or None.
+  """
+  if not as_original:
+    return padding, padding, padding
+  return (None if causal else padding), None, None
+
+
+def members(scores, window, padding=None, random_routing=False):
+  """`top_window` of the scores, or of uniform draws for the Random Transformer baseline."""
+  if random_routing:
+    scores = tf.random.uniform(tf.shape(scores))
+  return top_window(scores, window, padding)
+
+
+def route(q_hat, k_hat, mu, window, share_qk, route_keys, member_padding=None, weights=None,
+          random_routing=False):
+  """Assignments, commitment loss and balanced cluster members (steps 2 and 3).
+
+  Args:
+    q_hat, k_hat: [b, h, n, d] normalised queries and keys (one tensor with share_qk).
+    mu: [h, c, d] centroids (stop-gradient).
+    window: w, members per cluster.
+    share_qk: the keys are the queries.
+    route_keys: without share_qk, the keys of cluster c are the top-w positions of the keys' own
+      scores (non-causal attention); otherwise they are the query members.
+    member_padding: optional bool [b, n]; these positions lose every top-k tie.
+    weights: [b, n] k-means weight of each position (commitment loss, statistics); default 1.
+    random_routing: members drawn at random (the Random Transformer baseline).
+  Returns:
+    aux dict: "q_hat", "k_hat", "weights", "query_clusters", "key_clusters" (without
+    share_qk), "commitment_loss", "query_indices", "key_indices" (see `routing_attention`).
+  """
+  if weights is None:
+    weights = position_weights(None, tf.shape(q_hat)[0], q_hat.shape[2])
+  query_scores = centroid_scores(q_hat, mu)
+  aux = {"q_hat": q_hat, "k_hat": k_hat, "weights": weights,
+         "query_clusters": kmeans.assignments(query_scores)}
+  loss = kmeans.commitment_loss(q_hat, mu, aux["query_clusters"], weights)
+  aux["query_indices"] = members(query_scores, window, member_padding, random_routing)
+  aux["key_indices"] = aux["query_indices"]
+  if not share_qk:  # keys commit to (and, when routed, are routed by) their own centroids
+    key_scores = centroid_scores(k_hat, mu)
+    aux["key_clusters"] = kmeans.assignments(key_scores)
+    loss = 0.5 * (loss + kmeans.commitment_loss(k_hat, mu, aux["key_clusters"], weights))
+    if route_keys:
+      aux["key_indices"] = members(key_scores, window, member_padding, random_routing)
+  aux["commitment_loss"] = loss
+  return aux
+
+
+def cluster_attention(aux, v, window, causal, key_padding=None, relative_keys=None,
+                      relative_values=None, exclude_self=False, logit_scale=None,
+                      dropout_rate=0.0):
+  """Attention inside every cluster and the scatter back (steps 4 to 7).
+
+  Args:
+    aux: from `route`; gains the diagnostics "member_count" and "self_weight".
+    v: [b, h, n, d] values.
+    window: w.
+    causal: inside a cluster, key rank <= query rank (key position <= query position when the
+      key members are the query members).
+    key_padding: optional bool [b, n], masked as keys.
+    relative_keys, relative_values: optional [2R + 1, d] tables (rank distances).
+    exclude_self, logit_scale: the extensions of `routing_attention`.
+    dropout_rate: attention dropout on the weights (`common.attention_dropout`).
+  Returns:
+    (output [b, h, n, d], aux).
+  """
+  q_hat, query_indices, key_indices = aux["q_hat"], aux["query_indices"], aux["key_indices"]
+  n = q_hat.shape[2]
+  q_c = gather_clusters(q_hat, query_indices)  # [b, h, c, w, d]
+  shared = aux["k_hat"] is q_hat and key_indices is query_indices  # share_qk: one gather
+  k_c = q_c if shared else gather_clusters(aux["k_hat"], key_indices)
+  v_c = gather_clusters(v, key_indices)
+  logits = tf.matmul(q_c, k_c, transpose_b=True)  # [b, h, c, w, w]
+  ranks = tf.range(window)
+  if relative_keys is not None:
+    logits += common.relative_logits(q_c, relative_keys, 0, 0, window, causal=causal)
+  logits = common.scale_logits(logits, logit_scale)
+  allowed = tf.ones([1, 1, 1, 1, window], tf.bool)
+  if causal:  # members are sorted: key position <= query position is the lower triangle
+    allowed = (ranks[:, tf.newaxis] >= ranks[tf.newaxis, :])[tf.newaxis, tf.newaxis, tf.newaxis]
+  if key_padding is not None:
+    key_pad = tf.gather(key_padding, tf.reshape(key_indices, [tf.shape(key_padding)[0], -1]),
+                        batch_dims=1)
+    key_pad = tf.reshape(key_pad, tf.shape(key_indices))[:, :, :, tf.newaxis, :]
+    allowed = tf.logical_and(allowed, tf.logical_not(key_pad))
+  if exclude_self:
+    allowed = common.exclude_self(tf.broadcast_to(allowed, tf.shape(logits)), tf.equal(
+        query_indices[..., :, tf.newaxis], key_indices[..., tf.newaxis, :]))
+  probs = common.masked_softmax(logits, allowed)
+  dropped = common.attention_dropout(probs, dropout_rate)
+  out_c = tf.matmul(dropped, v_c)
+  if relative_values is not None:
+    out_c += common.relative_outputs(dropped, relative_values, 0, 0, causal=causal)
+  if key_padding is not None:  # a query whose allowed keys are all padding gets 0
+    out_c = common.zero_empty_rows(out_c, allowed)
+
+  summed = scatter_clusters(out_c, query_indices, n)
+  ones = tf.ones_like(query_indices, dtype=summed.dtype)[..., tf.newaxis]
+  count = scatter_clusters(ones, query_indices, n)  # [b, h, n, 1]
+  # Diagnostics (graph mode computes them only where used: the TRAIN summaries).
+  is_self = tf.cast(tf.equal(query_indices[..., :, tf.newaxis], key_indices[..., tf.newaxis, :]),
+                    probs.dtype)
+  self_probs = tf.reduce_sum(probs * is_self, axis=-1, keepdims=True)  # [b, h, c, w, 1]
+  aux["member_count"] = count[..., 0]
+  aux["self_weight"] = (scatter_clusters(self_probs, query_indices, n) /
+                        (count + COUNT_EPSILON))[..., 0]
+  return summed / (count + COUNT_EPSILON), aux
+
+
 def routing_attention(q, k, v, centroids, window, causal=True, share_qk=True, padding=None,
                       relative_keys=None, relative_values=None, random_routing=False,
-                      exclude_self=False, logit_scale=None, legacy_causal_key_routing=False):
+                      exclude_self=False, logit_scale=None, dropout_rate=0.0,
+                      padding_as_original=False):
   """Content-based sparse attention inside balanced clusters (SPEC section 2).
 
   Args:
@@ -157,10 +273,8 @@ def routing_attention(q, k, v, centroids, window, causal=True, share_qk=True, pa
       when its cluster allows it another key (`common.exclude_self`).
     logit_scale: extension: None (the paper's unscaled q_hat . k_hat logits), a float or a
       per-head [h] tensor multiplying the logits (relative logits included).
-    legacy_causal_key_routing: the original release's rule for causal mode with share_qk=False:
-      keys/values of cluster c are the top-w positions of the keys' own scores (not the query
-      members), and the mask allows key rank <= query rank inside the cluster (ranks in two
-      different position lists). Only for its checkpoints; no effect with share_qk or non-causal.
+    dropout_rate: attention dropout on the weights (hparam `attention_dropout` in TRAIN mode).
+    padding_as_original: padding as the original release treats it (`padding_roles`).
   Returns:
     (output [b, h, n, d], aux) where aux holds
       "query_clusters": int32 [b, h, n] argmax centroid of each q_hat,
@@ -169,76 +283,17 @@ def routing_attention(q, k, v, centroids, window, causal=True, share_qk=True, pa
         positions (queries and, when not share_qk, keys averaged),
       "q_hat", "k_hat": [b, h, n, d] normalised vectors; "weights": [b, n] 1 for real positions,
         0 for padding (with the clusters, the k-means statistics),
-      "query_indices", "key_indices": int32 [b, h, c, w] cluster members.
+      "query_indices", "key_indices": int32 [b, h, c, w] cluster members,
+      "member_count", "self_weight": [b, h, n] diagnostics (`routing_statistics`).
   """
-  name = "routing_attention"
-  q, k, v, relative_keys, relative_values, _, n, depth = common.self_attention_inputs(
-      q, k, v, relative_keys, relative_values, name)
-  centroids = tf.convert_to_tensor(centroids)
-  check_routing(n, depth, centroids, window, name)
-  pad = common.key_padding(padding, None, n, name)
-
-  q_hat = common.layer_norm_no_scale(q)
-  k_hat = q_hat if share_qk else common.layer_norm_no_scale(k)
-  weights = position_weights(pad, tf.shape(q)[0], n)
-  # No gradient reaches the centroids through routing (top-k and argmax are discrete).
-  mu = tf.stop_gradient(centroids)
-  query_scores = centroid_scores(q_hat, mu)
-  query_clusters = assignments(query_scores)
-  member_scores = tf.random.uniform(tf.shape(query_scores)) if random_routing else query_scores
-  query_indices = top_window(member_scores, window, pad)
-  loss = commitment_loss(q_hat, mu, query_clusters, weights)
-  aux = {"q_hat": q_hat, "k_hat": k_hat, "weights": weights, "query_clusters": query_clusters,
-         "query_indices": query_indices}
-  key_indices = query_indices
-  if not share_qk:  # keys commit to (and, non-causal, are routed by) their own centroids
-    key_scores = centroid_scores(k_hat, mu)
-    aux["key_clusters"] = assignments(key_scores)
-    loss = 0.5 * (loss + commitment_loss(k_hat, mu, aux["key_clusters"], weights))
-    if not causal or legacy_causal_key_routing:
-      key_indices = top_window(
-          tf.random.uniform(tf.shape(key_scores)) if random_routing else key_scores, window, pad)
-  aux["key_indices"] = key_indices
-  aux["commitment_loss"] = loss
-
-  q_c = gather_clusters(q_hat, query_indices)  # [b, h, c, w, d]
-  k_c = q_c if share_qk else gather_clusters(k_hat, key_indices)
-  v_c = gather_clusters(v, key_indices)
-  logits = tf.matmul(q_c, k_c, transpose_b=True)  # [b, h, c, w, w]
-  ranks = tf.range(window)
-  if relative_keys is not None:
-    logits += common.relative_logits(q_c, relative_keys, 0, 0, window, causal=causal)
-  logits = common.scale_logits(logits, logit_scale)
-  allowed = tf.ones([1, 1, 1, 1, window], tf.bool)
-  # Members are sorted, so key position <= query position is the lower triangle (with legacy
-  # key routing the same rank triangle, over two different member lists).
-  if causal:
-    allowed = (ranks[:, tf.newaxis] >= ranks[tf.newaxis, :])[tf.newaxis, tf.newaxis, tf.newaxis]
-  if pad is not None:
-    key_pad = tf.gather(pad, tf.reshape(key_indices, [tf.shape(pad)[0], -1]), batch_dims=1)
-    key_pad = tf.reshape(key_pad, tf.shape(key_indices))[:, :, :, tf.newaxis, :]
-    allowed = tf.logical_and(allowed, tf.logical_not(key_pad))
-  if exclude_self:
-    allowed = common.exclude_self(tf.broadcast_to(allowed, tf.shape(logits)), tf.equal(
-        query_indices[..., :, tf.newaxis], key_indices[..., tf.newaxis, :]))
-  probs = common.masked_softmax(logits, allowed)
-  out_c = tf.matmul(probs, v_c)
-  if relative_values is not None:
-    out_c += common.relative_outputs(probs, relative_values, 0, 0, causal=causal)
-  if pad is not None:  # a query whose allowed keys are all padding gets 0
-    out_c = common.zero_empty_rows(out_c, allowed)
-
-  summed = scatter_clusters(out_c, query_indices, n)
-  ones = tf.ones_like(query_indices, dtype=summed.dtype)[..., tf.newaxis]
-  count = scatter_clusters(ones, query_indices, n)  # [b, h, n, 1]
-  # Diagnostics (graph mode computes them only where used: the TRAIN summaries).
-  is_self = tf.cast(tf.equal(query_indices[..., :, tf.newaxis], key_indices[..., tf.newaxis, :]),
-                    probs.dtype)
-  self_probs = tf.reduce_sum(probs * is_self, axis=-1, keepdims=True)  # [b, h, c, w, 1]
-  aux["member_count"] = count[..., 0]
-  aux["self_weight"] = (scatter_clusters(self_probs, query_indices, n) /
-                        (count + COUNT_EPSILON))[..., 0]
-  return summed / (count + COUNT_EPSILON), aux
+  q_hat, k_hat, v, mu, pad, rel_k, rel_v = normalised_inputs(
+      q, k, v, centroids, window, share_qk, padding, relative_keys, relative_values,
+      "routing_attention")
+  key_pad, member_pad, kmeans_pad = padding_roles(pad, causal, padding_as_original)
+  aux = route(q_hat, k_hat, mu, window, share_qk, not causal, member_pad,
+              position_weights(kmeans_pad, tf.shape(q_hat)[0], q_hat.shape[2]), random_routing)
+  return cluster_attention(aux, v, window, causal, key_pad, rel_k, rel_v, exclude_self,
+                           logit_scale, dropout_rate)
 
 
 def routing_statistics(member_count, self_weight, weights):

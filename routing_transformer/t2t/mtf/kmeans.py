@@ -81,8 +81,9 @@ class MtfKMeans(object):
     return ops, counts
 
   def loss(self, commitment, x_hats=(), clusters=(), weights=None):
-    """beta * commitment loss; with ema=False also the codebook loss mean((sg(x) - mu)^2)."""
-    total = commitment * self.beta
+    """The k-means loss weighted as `tf_kmeans.clustering_loss`: ROUTED_SETS * beta * commitment;
+    with ema=False plus ROUTED_SETS times the mean codebook loss mean((sg(x) - mu)^2)."""
+    total = commitment * (tf_kmeans.ROUTED_SETS * self.beta)
     if not self.ema:
       for x_hat, assigned in zip(x_hats, clusters):
         mu = mtf.einsum([mtf.one_hot(assigned, self.clusters_dim, dtype=x_hat.dtype), self.means],
@@ -90,5 +91,6 @@ class MtfKMeans(object):
         squared = mtf.reduce_sum(mtf.square(mtf.stop_gradient(x_hat) - mu),
                                  reduced_dim=self.d_dim)
         denom = mtf.reduce_sum(weights) * float(self.heads_dim.size * self.d_dim.size)
-        total += mtf.reduce_sum(squared * weights) / mtf.maximum(denom, 1.0) / len(x_hats)
+        total += (mtf.reduce_sum(squared * weights) / mtf.maximum(denom, 1.0) *
+                  (tf_kmeans.ROUTED_SETS / len(x_hats)))
     return total

@@ -3,7 +3,7 @@
 The same architecture as `routing_transformer.t2t.model` (token embedding, dense to hidden_size, per
 layer local + routing heads with Shaw relative positions, shared head_dense, output transform,
 GEGLU or dense_relu_dense FFN, T2T pre/post-processing, output dense(s), cross-entropy on
-non-padding targets plus beta * commitment losses) written with named dimensions:
+non-padding targets plus the k-means losses) written with named dimensions:
 
   batch, length, d_model (hidden_size), embed (embedding_dims), d_ff (filter_size), vocab,
   d_head, clusters, relative (2 * max_relative_position + 1), and per layer the head dims:
@@ -82,6 +82,9 @@ def check_mtf_hparams(hparams, vocab_size=None):
                     "or --model=routing_transformer" % hparams.routing_mode)
   if hparams.random_routing:
     problems.append("random_routing=True is not supported by routing_transformer_mtf")
+  if hparams.get("legacy_kmeans_counts", False):
+    problems.append("legacy_kmeans_counts=True is not supported by routing_transformer_mtf; use "
+                    "--model=routing_transformer")
   if hparams.get("full_attention", False):
     problems.append("full_attention=True is not supported by routing_transformer_mtf; use "
                     "--model=routing_transformer")
@@ -226,7 +229,7 @@ class MtfRoutingTransformer(object):
     return tables[0], tables[1], rel
 
   def self_attention(self, x, layer_index, weights):
-    """Local + routing heads; returns (y [b, n, d_model], beta * commitment loss or 0)."""
+    """Local + routing heads; returns (y [b, n, d_model], the k-means loss or 0)."""
     hparams, dims = self.hparams, self.dims
     b, n, d_model, d = dims["batch"], dims["length"], dims["d_model"], dims["d_head"]
     num_routing, num_local, _ = tf_layers.head_counts(hparams, layer_index)
@@ -321,7 +324,7 @@ class MtfRoutingTransformer(object):
   def loss_and_logits(self, targets):
     """targets int32 [batch, length] (0 = padding) -> (loss, xent, extra_loss, logits).
 
-    loss = mean cross-entropy over non-padding targets + extra_loss (beta * commitment losses).
+    loss = mean cross-entropy over non-padding targets + extra_loss (the k-means losses).
     """
     hparams, dims = self.hparams, self.dims
     weights = mtf.cast(mtf.not_equal(targets, 0), tf.float32)  # [b, n]

@@ -49,7 +49,12 @@ def parse_args(argv):
   p.add_argument("--exclude", action="append", default=[],
                  help="book id or title to leave out (repeatable)")
   p.add_argument("--no_default_exclude", action="store_true",
-                 help="keep 'The Canterbury Tales and Other Poems' in PG-19 validation")
+                 help="keep 'The Canterbury Tales and Other Poems' (id 2383) in PG-19 validation "
+                      "(by default it is left out, matched by id or title, as Sun et al. did)")
+  p.add_argument("--reading", default="lines", choices=["lines", "whole_text"],
+                 help="how books become ids (problems.pg19_reading): lines = each line stripped "
+                      "and encoded, joined without newlines (the original release's; default), "
+                      "whole_text = the text with its newlines (vocabularies built that way)")
   p.add_argument("--max_books", type=int, default=None)
   p.add_argument("--lengths", default=None,
                  help="prefix lengths N, comma-separated (default: 512,1024,2048,3072,...,8192 "
@@ -209,7 +214,8 @@ def main(argv=None):
       raise ProbeError(str(e))
     books, excluded = data.load_books(args.books_dir, args.split, encoder, args.exclude,
                                       not args.no_default_exclude,
-                                      os.path.join(args.output, "encoded"), args.max_books)
+                                      os.path.join(args.output, "encoded"), args.max_books,
+                                      args.reading)
     sys.stderr.write("[probes] %d books of %s (%d tokens), excluded: %s\n" % (
         len(books), args.split, sum(len(b.ids) for b in books),
         ", ".join("%s %s" % e for e in excluded) or "none"))
@@ -220,7 +226,7 @@ def main(argv=None):
                          scale=probe.word_scale(books, args.word_scale), profile=args.profile,
                          bootstrap=args.bootstrap, batch_size=args.batch_size,
                          t2t_usr_dir=args.t2t_usr_dir, vocab=encoder, probes=args.probes,
-                         options=options_of(args))
+                         options=options_of(args), reading=args.reading)
     speed = [v["input_tokens_per_s"] for m in result["models"].values()
              for v in m["speed"].values()] or [None]
     from hparams import sets  # pylint: disable=g-import-not-at-top

@@ -8,9 +8,13 @@ word position: T2T's SubwordTextEncoder splits text into tokens (runs of alphanu
   marks the end of each token by a trailing "_" on its last subword (`_escape_token`). A subword
   is "word_first" when it starts a token made of several subwords, "word_rest" when it continues
   one, "word_whole" when it is a token on its own.
-distance: a target is "never" seen in its input when its type does not occur in the input
-  before it, else "far" when its last previous occurrence is more than `threshold` tokens back,
-  else "near". Per prefix length N (a shorter input may cut the last occurrence off).
+distance: a target is "never" seen when its type does not occur before it in its full-length
+  input, else "far" when its last previous occurrence there is more than `threshold` tokens back,
+  else "near".
+Every category is a property of the target in its full-length input (the input of the longest
+prefix length probed; the paper's 8K), computed once and kept for every prefix length N, as Sun
+et al. define them: each curve follows the same tokens as N grows (at N = 512 a "far" target's
+last occurrence lies outside the prefix).
 """
 import numpy as np
 

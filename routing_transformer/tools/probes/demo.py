@@ -3,8 +3,10 @@
     markdown = demo.run(output_dir, books_dir, data_dir)   # after both demo models are trained
 
 Prefix lengths 256 ... 2,048 (the demo models' L); targets at [-50:-40] of each input as in the
-paper; "far" = last seen further back than the local model's receptive field (layers x
-(block + flange - 1) tokens), so a far target can only be copied through the routing heads.
+paper; the books read as datagen read them (`reading`, `problems.pg19_reading`); "far" = last
+seen, in the target's 2,048-token input, further back than the local model's receptive field
+(layers x (block + flange - 1) tokens), so a far target can only be copied through the routing
+heads; every category is fixed from that full-length input, the same tokens at every N.
 Writes <output>/probes/ (JSON, tables, PNGs) and returns the markdown for summary.md.
 """
 import os
@@ -24,7 +26,7 @@ INPUTS = 24  # per model and N: 240 targets; 3 models x 4 N x 24 = 288 passes, a
 
 def run(output, books_dir, data_dir, routing=("routing", "pg19_local_cluster_tiny2k"),
         local=("local", "pg19_local_tiny2k"), lengths=LENGTHS, inputs=INPUTS, seed=0,
-        batch_size=4, log=None):
+        batch_size=4, log=None, reading="lines"):
   """Probes <output>/<routing[0]>, its derived local model and <output>/<local[0]>; returns
   (markdown, result)."""
   from routing_transformer.tools import score  # pylint: disable=g-import-not-at-top
@@ -34,7 +36,7 @@ def run(output, books_dir, data_dir, routing=("routing", "pg19_local_cluster_tin
   started = time.time()
   encoder = score.load_encoder(None, PROBLEM, data_dir)
   books, _ = data.load_books(books_dir, "test", encoder,
-                             cache_dir=os.path.join(output, "probes", "encoded"))
+                             cache_dir=os.path.join(output, "probes", "encoded"), reading=reading)
   local_hparams = registry.hparams(local[1])
   threshold = scoring.local_receptive_field(local_hparams)
   name, hparams_set = routing
@@ -46,18 +48,21 @@ def run(output, books_dir, data_dir, routing=("routing", "pg19_local_cluster_tin
   result = probe.probe(specs, books, encoder, lengths, max(lengths), out_dir,
                        num_targets=inputs * 10, seed=seed, far_threshold=threshold,
                        scale=probe.word_scale(books, "exact"), batch_size=batch_size,
-                       stream=None)
+                       stream=None, reading=reading)
   paths = report.write(result, out_dir)
   seconds = time.time() - started
   passes = len(specs) * len(lengths) * result["protocol"]["inputs"]
   md = ("\nLong-range context (Sun et al. 2021 probes, `python -m routing_transformer.tools.probes`): "
         "the 3 test books, %d inputs per prefix length N, 10 targets each at [-50:-40] of the "
         "input (the same targets for every N and model); word-level perplexity = exp(%.3f "
-        "subwords per word of these books x mean NLL) [95%% bootstrap interval over inputs]; far = last seen more than %d tokens back (the "
-        "local model's receptive field: %d layers x (block %d + flange %d - 1)); %s-as-local = "
+        "subwords per word of these books x mean NLL) [95%% bootstrap interval over inputs]; "
+        "far / near / never: the target last seen in its %d-token input more than %d tokens back "
+        "(the local model's receptive field: %d layers x (block %d + flange %d - 1)) / within "
+        "that / not at all, fixed for every N; %s-as-local = "
         "the routing checkpoint with its routing heads evaluated as local heads. %d passes in "
         "%.0f s. Plots: %s.\n" % (
-            result["protocol"]["inputs"], result["protocol"]["word_scale"], threshold,
+            result["protocol"]["inputs"], result["protocol"]["word_scale"], max(lengths),
+            threshold,
             local_hparams.num_decoder_layers,
             local_hparams.query_shape[0], local_hparams.memory_flange[0], name, passes, seconds,
             ", ".join(os.path.relpath(p, output) for p in paths if p.endswith(".png"))))

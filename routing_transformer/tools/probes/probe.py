@@ -21,6 +21,13 @@ PAPER_LENGTHS = (512, 1024) + tuple(range(2048, 8192 + 1, 1024))
 PAPER_TARGETS = 220000
 PAPER_SPAN = (-50, -40)
 PROFILE = 64  # positions from the end whose mean loss is reported
+# Sun et al. (2021), footnote 4: "On one RTX8000 GPU, it takes around 104h to evaluate the entire
+# PG-19 validation set with sequence length 8K and target sequence 10" (section 2.2: the
+# validation set has ~3 million tokens).
+PAPER_RATE = {"hours": 104.0, "validation_tokens": 3.0e6, "targets_per_input": 10,
+              "length": 8192, "device": "one RTX8000",
+              "source": "Sun et al. (2021), section 2.2 and footnote 4: ~104 h on one RTX8000 "
+                        "for the ~3M-token PG-19 validation set at 8K, 10 targets per input"}
 
 
 def default_lengths(model_length):
@@ -63,8 +70,22 @@ def word_scale(books, mode):
     raise ProbeError("--word_scale=%s: give a number (1.248, the paper's) or 'exact'" % mode)
 
 
-def target_categories(books, examples, lengths, frequent, ends, threshold):
-  """({"frequency": [E, k], "word": [E, k] or None}, {N: distance codes [E, k]})."""
+def target_categories(books, examples, full_length, frequent, ends, threshold):
+  """Every target's categories, computed once from its full-length input (Sun et al.'s
+  definition) and shared by every prefix length N.
+
+  Args:
+    books: [Book] (their ids).
+    examples: sampling.Examples.
+    full_length: the length of the full input (the longest N probed): the input of a target is
+      book[end - full_length:end].
+    frequent: bool [V] (categories.frequent_types).
+    ends: bool [V] word ends (categories.word_ends) or None.
+    threshold: "far" = last seen more than this many tokens back.
+  Returns:
+    {"frequency": int [E, k], "word": int [E, k] or None, "distance": int [E, k]} codes into
+    categories.FREQUENCY, WORD and DISTANCE.
+  """
   ids = [b.ids for b in books]
   tokens = np.stack([ids[b][t] for b, t in zip(examples.book, examples.targets)])
   codes = {"frequency": np.where(frequent[tokens], 0, 1), "word": None}
@@ -78,16 +99,20 @@ def target_categories(books, examples, lengths, frequent, ends, threshold):
       previous[b] = cats.previous_occurrence(ids[b])
     p = previous[b][t]
     distance[i] = np.where(p >= 0, t - p, -1)
-  by_length = {n: cats.distance_category(distance, sampling.positions(examples, n), threshold)
-               for n in lengths}
-  return codes, by_length
+  codes["distance"] = cats.distance_category(
+      distance, sampling.positions(examples, full_length), threshold)
+  return codes
 
 
 def examples_digest(examples, books):
+  """Hex digest of the examples and the books' ids (their tokens: another vocabulary or
+  reading gives other shards)."""
   h = hashlib.sha1()
   for a in examples:
     h.update(np.ascontiguousarray(a, np.int64).tobytes())
   h.update(",".join(str(b.book_id) for b in books).encode())
+  for b in books:
+    h.update(np.ascontiguousarray(b.ids, np.int64).tobytes())
   return h.hexdigest()[:16]
 
 
@@ -95,7 +120,7 @@ def probe(specs, books, encoder, lengths, model_length, out_dir, span=PAPER_SPAN
           num_targets=PAPER_TARGETS, seed=0, far_threshold=2048, frequent_fraction=0.1,
           frequency_corpus=None, scale=report.WORD_SCALE, profile=PROFILE, bootstrap=1000,
           batch_size=1, make_score_fn=None, t2t_usr_dir=None, vocab=None, stream="stderr",
-          extra=None, probes=("token",), options=None):
+          extra=None, probes=("token",), options=None, reading="lines"):
   """Runs the probes for every model spec; returns the result dict (report.write writes it).
 
   Args:
@@ -115,6 +140,8 @@ def probe(specs, books, encoder, lengths, model_length, out_dir, span=PAPER_SPAN
     probes: some of runners.PROBES ("token", "perturb", "copy", "suffix"); the others run at
       the largest N on the same examples and targets (runners.plan).
     options: keyword arguments of runners.plan (m and d lists, runs, kinds, suffix settings).
+    reading: how the books were read (`problems.pg19_reading`; data.load_books), passed to the
+      default scorers.
   """
   probes = runners.parse_probes(probes)
   lengths = sorted(set(int(n) for n in lengths))
@@ -126,7 +153,7 @@ def probe(specs, books, encoder, lengths, model_length, out_dir, span=PAPER_SPAN
   corpus = frequency_corpus if frequency_corpus is not None else [b.ids for b in books]
   frequent = cats.frequent_types(corpus, encoder.vocab_size, frequent_fraction)
   ends = cats.word_ends(encoder)
-  codes, distance = target_categories(books, examples, lengths, frequent, ends, far_threshold)
+  codes = target_categories(books, examples, max(lengths), frequent, ends, far_threshold)
   offsets = scoring_offsets(span, profile, min(lengths))
   digest = examples_digest(examples, books)
   plans = runners.plan(probes, books, encoder, examples, lengths, model_length, span, seed,
@@ -135,7 +162,7 @@ def probe(specs, books, encoder, lengths, model_length, out_dir, span=PAPER_SPAN
     def make_score_fn(spec):
       return scoring.make_score_fn(scoring.build_scorer(
           spec.checkpoint, spec.hparams_set, vocab if vocab is not None else encoder,
-          spec.hparams, spec.as_local, batch_size, t2t_usr_dir))
+          spec.hparams, spec.as_local, batch_size, t2t_usr_dir, reading=reading))
   started = time.time()
   nll, seconds, other = {}, {}, {}
   ids = [b.ids for b in books]
@@ -150,8 +177,7 @@ def probe(specs, books, encoder, lengths, model_length, out_dir, span=PAPER_SPAN
                                                  digest, batch_size, stream)
                          for name in plans}
     scorer.close()
-  figures = report.summarize(nll, offsets, span, codes, distance, scale, bootstrap=bootstrap,
-                             seed=seed)
+  figures = report.summarize(nll, offsets, span, codes, scale, bootstrap=bootstrap, seed=seed)
   weights = (report.resample_weights(len(examples.end), bootstrap, seed) if bootstrap else None)
   models = {}
   for spec in specs:
@@ -174,6 +200,7 @@ def probe(specs, books, encoder, lengths, model_length, out_dir, span=PAPER_SPAN
       "books": [[b.book_id, b.title, int(len(b.ids)), b.words] for b in books],
       "lengths": lengths, "span": list(span), "k": k, "inputs": len(examples.end),
       "targets": int(examples.targets.size), "seed": seed, "far_threshold": far_threshold,
+      "categories_from_length": max(lengths), "reading": reading,
       "frequent_fraction": frequent_fraction,
       "frequency_corpus": "probed books" if frequency_corpus is None else "given corpus",
       "frequent_types": int(frequent.sum()), "word_scale": scale, "offsets": offsets,
@@ -187,15 +214,37 @@ def probe(specs, books, encoder, lengths, model_length, out_dir, span=PAPER_SPAN
   return result
 
 
+def paper_rate(length=8192):
+  """Seconds per forward pass of `length` tokens at the rate Sun et al. measured (footnote 4:
+  about 104 h on one RTX8000 to evaluate the whole PG-19 validation set, ~3M tokens, with 8K
+  inputs and 10 targets per input, i.e. ~300K passes of 8,192 tokens: 1.248 s a pass), scaled
+  linearly to `length`."""
+  passes = PAPER_RATE["validation_tokens"] / PAPER_RATE["targets_per_input"]
+  return PAPER_RATE["hours"] * 3600.0 / passes * length / float(PAPER_RATE["length"])
+
+
 def paper_estimate(hparams, vocab_size, tokens_per_s=None, accelerator_flops=1e14,
                    inputs=PAPER_TARGETS // 10, lengths=PAPER_LENGTHS):
   """Time of the paper's token-level protocol (22K inputs x 9 prefix lengths, each a pass of the
-  model's static length L) from a FLOP model; with our measured CPU tokens/s too."""
+  model's static length L): at the paper's measured rate (`paper_rate`, one RTX8000), from a
+  FLOP model at `accelerator_flops`, and with our measured tokens/s when given.
+
+  The FLOP model counts only matmul FLOPs: at the paper's rate the released model runs at
+  `paper_rate_flops_per_s` (about 5.7e12 FLOP/s), so an assumed 1e14 FLOP/s is ~18x faster
+  than the paper's GPU ran it.
+  """
   length = hparams.max_target_length or hparams.max_length
   per_token = scoring.forward_flops_per_token(hparams, vocab_size, length)
-  tokens = inputs * len(lengths) * length
-  out = {"flops_per_token": per_token, "passes": inputs * len(lengths), "pass_tokens": length,
+  passes = inputs * len(lengths)
+  tokens = passes * length
+  per_pass = paper_rate(length)
+  out = {"flops_per_token": per_token, "passes": passes, "pass_tokens": length,
          "tokens": tokens, "flops": per_token * tokens,
+         "paper_rate_seconds_per_pass": per_pass,
+         "paper_rate_hours": passes * per_pass / 3600.0,
+         "paper_rate_device": PAPER_RATE["device"],
+         "paper_rate_flops_per_s": per_token * length / per_pass,
+         "paper_rate_source": PAPER_RATE["source"],
          "accelerator_flops_per_s": accelerator_flops,
          "accelerator_hours": per_token * tokens / accelerator_flops / 3600.0}
   if tokens_per_s:

@@ -45,16 +45,16 @@ def masked_figure(nll, mask, scale, weights):
   return figure(np.where(mask, nll, 0.0).sum(1), mask.sum(1), scale, weights)
 
 
-def summarize(nll, offsets, span, target_codes, distance_codes, scale, end_spans=END_SPANS,
-              bootstrap=1000, seed=0):
+def summarize(nll, offsets, span, target_codes, scale, end_spans=END_SPANS, bootstrap=1000,
+              seed=0):
   """Every figure of every (model, N).
 
   Args:
     nll: {label: {N: float [E, P]}} NLLs at `offsets` [P] from the inputs' ends.
     span: (start, end) of the targets.
     target_codes: {"frequency": int [E, k] into categories.FREQUENCY, "word": [E, k] into
-      categories.WORD or None}.
-    distance_codes: {N: int [E, k] into categories.DISTANCE}.
+      categories.WORD or None, "distance": [E, k] into categories.DISTANCE}: one category per
+      target, the same for every N (probe.target_categories).
     scale: perplexity = exp(scale x mean NLL).
   Returns:
     {label: {str(N): {"categories": {name: figure}, "end_spans": {"a:b": figure},
@@ -72,7 +72,7 @@ def summarize(nll, offsets, span, target_codes, distance_codes, scale, end_spans
       figs = {"all": masked_figure(t, np.ones_like(t, bool), scale, weights)}
       groups = [("frequency", cats.FREQUENCY, target_codes.get("frequency")),
                 ("word", cats.WORD, target_codes.get("word")),
-                ("distance", cats.DISTANCE, distance_codes.get(n))]
+                ("distance", cats.DISTANCE, target_codes.get("distance"))]
       for _, names, codes in groups:
         if codes is None:
           continue

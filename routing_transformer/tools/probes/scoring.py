@@ -6,8 +6,10 @@
                                      # nll float64 [B, K] = -log p(ids[b, p] | ids[b, :p])
 
 Inputs are right-padded with 0 to the model's static length L (the padding is masked as keys;
-with top-k routing it also never wins a cluster slot over a real token), rows batched
-`batch_size` at a time, and only the K asked rows of the logits go through the softmax.
+with top-k routing it also never wins a cluster slot over a real token; an original-release
+checkpoint is scored with routing_padding_as_original=True instead, padding routed as the
+original code routes it, which build_scorer prints), rows batched `batch_size` at a time, and
+only the K asked rows of the logits go through the softmax.
 
 The derived local model (`as_local`): every routing head evaluated as a local head with the
 same weights (q, k, v, output maps; the local heads' relative-position tables), no retraining:
@@ -16,6 +18,7 @@ heads into local heads (routing heads come first along the head axis, so head i 
 projections).
 """
 import copy
+import sys
 
 import numpy as np
 
@@ -35,11 +38,13 @@ def local_receptive_field(hparams):
 
 
 def build_scorer(checkpoint, hparams_set, vocab=None, hparams="", as_local=False, batch_size=1,
-                 t2t_usr_dir=None, hparams_json="check", problem=None, data_dir=None):
+                 t2t_usr_dir=None, hparams_json="check", problem=None, data_dir=None,
+                 reading="lines"):
   """A score.Scorer restored once; as_local: the derived local model of the same checkpoint.
 
   The hparams (set, overrides, hparams.json beside the checkpoint) are resolved and checked
-  as the Scorer does; the as_local override is applied after that check.
+  as the Scorer does; the as_local override is applied after that check. `reading`: how the
+  books were read (`problems.pg19_reading`), checked against the vocabulary.
   """
   from routing_transformer.tools import checkpoints  # pylint: disable=g-import-not-at-top
   from routing_transformer.tools import score  # pylint: disable=g-import-not-at-top
@@ -56,10 +61,13 @@ def build_scorer(checkpoint, hparams_set, vocab=None, hparams="", as_local=False
     hp = copy.deepcopy(hp)
     hp.parse(as_local_overrides(hp))
   try:
-    return score.Scorer(prefix, hp, vocab, batch_size=batch_size, problem=problem,
-                        data_dir=data_dir, hparams_json="ignore")
+    scorer = score.Scorer(prefix, hp, vocab, batch_size=batch_size, problem=problem,
+                          data_dir=data_dir, hparams_json="ignore", reading=reading)
   except score.ScorerError as e:
     raise ProbeError("%s: %s" % (checkpoint, e))
+  for note in scorer.notes:  # e.g. routing_padding_as_original for original-release checkpoints
+    sys.stderr.write("[probes] %s: %s\n" % (checkpoint, note))
+  return scorer
 
 
 def make_score_fn(scorer):
@@ -76,6 +84,7 @@ def make_score_fn(scorer):
     except score.ScorerError as e:
       raise ProbeError(str(e))
 
+  score_fn.notes = list(getattr(scorer, "notes", []))
   score_fn.length = scorer.length
   score_fn.batch_size = scorer.batch_size
   score_fn.close = scorer.close

@@ -1,0 +1,205 @@
+"""The look-up study of docs/routing_learning.md: a plan of `retrieval_study.py` runs, resumable.
+
+    python benchmarks/lookup_study.py --phase A            # what makes a look-up learnable
+    python benchmarks/lookup_study.py --phase B            # full / local / routing + switches
+    python benchmarks/lookup_study.py --report             # table + curves from the results
+
+Each run is its own process (`benchmarks/retrieval_study.py`), appending one JSON line per
+evaluation to `benchmarks/results/lookup_study.jsonl`; a run whose last step is already there is
+skipped, so a study cut short (a session's end) continues where it stopped. `--only LABEL,...`
+runs a subset; `--dry_run` lists what would run.
+"""
+import argparse
+import collections
+import json
+import os
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RESULTS = os.path.join(ROOT, "benchmarks", "results", "lookup_study.jsonl")
+
+Run = collections.namedtuple("Run", "label model hparams_set hparams layout steps eval_every "
+                                    "sequences seed")
+
+ADAM = "optimizer=adam,learning_rate_schedule=constant*linear_warmup,learning_rate_constant=0.001"
+PRE_NORM = "layer_preprocess_sequence=n,layer_postprocess_sequence=da"
+# The recipe phase A found (docs/routing_learning.md); the tiny sets carry it.
+RECIPE = "initializer_gain=1.0"
+
+
+def phase_a():
+  """Full attention at 256 tokens (look-ups 2-32 and 33-250 back), one change at a time."""
+  layout, steps, every, seqs = "long_range_retrieval_256_mixed", 500, 100, 8
+  full = "full_transformer_tiny1k"
+  variants = [
+      ("A control (paper gain 0.2)", "", (1, 2)),
+      ("A initializer_gain=1.0", "initializer_gain=1.0", (1, 2)),
+      ("A Adam 1e-3", ADAM, (1,)),
+      ("A Adam 1e-3, gain 1.0", ADAM + ",initializer_gain=1.0", (1,)),
+      ("A pre-norm", PRE_NORM, (1,)),
+      ("A learning_rate_constant=0.2", "learning_rate_constant=0.2", (1,)),
+      ("A Adafactor without parameter scale, 1e-3",
+       "optimizer_adafactor_multiply_by_parameter_scale=False,learning_rate_constant=0.001",
+       (1,)),
+      ("A head_dense=False", "head_dense=False", (1,)),
+      ("A initializer=normal_unit_scaling", "initializer=normal_unit_scaling", (1,)),
+      ("A initializer_gain=0.5", "initializer_gain=0.5", (1,)),
+      ("A initializer_gain=1.0, head_dense=False", "initializer_gain=1.0,head_dense=False", (1,)),
+  ]
+  def paper_gain(hp):  # the variants change one thing from the paper's gain 0.2
+    return hp if "initializer_gain" in hp else ",".join(x for x in ("initializer_gain=0.2", hp)
+                                                        if x)
+  runs = [Run(label, "routing_transformer", full, paper_gain(hp), layout, steps, every, seqs,
+              seed) for label, hp, seeds in variants for seed in seeds]
+  runs.append(Run("A peer: T2T transformer_tiny", "transformer", "transformer_tiny",
+                  "learning_rate_warmup_steps=100", layout, steps, every, seqs, 1))
+  return runs
+
+
+def phase_b(recipe=RECIPE):
+  """1,024 tokens, look-ups 2-64, 65-191 and 192-1000 back: full, local and routing at equal
+  steps with `recipe`, three seeds; then routing with each switch."""
+  layout, steps, every, seqs = "long_range_retrieval_1k_mixed", 1000, 100, 4
+  def models(seed):
+    return [Run("B %s" % name, "routing_transformer", "%s_transformer_tiny1k" % name, recipe,
+                layout, steps, every, seqs, seed) for name in ("routing", "local", "full")]
+  runs = models(1)  # seed 1 of each, then the switches, then seeds 2 and 3
+  switches = [
+      ("routing_exclude_self", "routing_exclude_self=True"),
+      ("routing_logit_scale=rsqrt_depth", "routing_logit_scale=rsqrt_depth"),
+      ("routing_logit_scale=learned", "routing_logit_scale=learned"),
+      ("share_qk=False", "share_qk=False"),
+      ("routing_mode=causal_window", "routing_mode=causal_window"),
+  ]
+  for name, hp in switches:
+    runs.append(Run("B routing + " + name, "routing_transformer", "routing_transformer_tiny1k",
+                    ",".join(x for x in (recipe, hp) if x), layout, steps, every, seqs, 1))
+  return runs + models(2) + models(3)
+
+
+PHASES = {"A": phase_a, "B": phase_b}
+
+
+def load(path=RESULTS):
+  if not os.path.exists(path):
+    return []
+  with open(path) as f:
+    return [json.loads(line) for line in f if line.strip()]
+
+
+def key(record):
+  return (record["label"], record["seed"])
+
+
+def finished(records, run):
+  return any(key(r) == (run.label, run.seed) and r["step"] >= run.steps for r in records)
+
+
+def run_one(run, out):
+  cmd = [sys.executable, os.path.join(ROOT, "benchmarks", "retrieval_study.py"),
+         "--model", run.model, "--hparams_set", run.hparams_set, "--hparams", run.hparams,
+         "--layout", run.layout, "--steps", str(run.steps), "--eval_every", str(run.eval_every),
+         "--sequences", str(run.sequences), "--seed", str(run.seed), "--label", run.label,
+         "--out", out]
+  return subprocess.call(cmd, cwd=ROOT)
+
+
+def final(records):
+  """{(label, seed): last record} in the order first seen."""
+  out = collections.OrderedDict()
+  for r in records:
+    out[key(r)] = r
+  return out
+
+
+def fmt(x):
+  return "-" if x is None else "%.2f" % x
+
+
+def table(records):
+  """Markdown rows, one per run, in the order run."""
+  lines = ["| run | seed | steps | s | steps/s | near acc | far acc | by band | eval loss "
+           "(answers) | routing: no-cluster / self share |",
+           "|---|---|---|---|---|---|---|---|---|---|"]
+  for (label, seed), r in final(records).items():
+    acc = r["accuracy"]
+    bands = ", ".join("%s %s" % (k[1:].replace("_", "-"), fmt(v)) for k, v in acc.items()
+                      if k.startswith("d"))
+    diag = r.get("diagnostics") or {}
+    nc = [v for k, v in diag.items() if k.endswith("no_cluster_share")]
+    ss = [v for k, v in diag.items() if k.endswith("self_attention_share")]
+    routing = "%.2f / %.2f" % (nc[0], ss[0]) if nc and ss else "-"
+    lines.append("| %s | %d | %d | %.0f | %.2f | %s | %s | %s | %.2f | %s |" % (
+        label, seed, r["step"], r["seconds"], r["steps_per_second"], fmt(acc.get("near")),
+        fmt(acc.get("far")), bands, r["eval_answer_loss"], routing))
+  return "\n".join(lines)
+
+
+def plot(records, path, prefix):
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  curves = collections.OrderedDict()
+  for r in records:
+    if r["label"].startswith(prefix):
+      curves.setdefault((r["label"], r["seed"]), []).append(r)
+  fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
+  colors = {}
+  for (label, seed), rs in curves.items():
+    color = colors.setdefault(label, "C%d" % (len(colors) % 10))
+    for ax, group in zip(axes, ("near", "far")):
+      ax.plot([r["step"] for r in rs], [r["accuracy"].get(group) for r in rs], color=color,
+              alpha=0.8, label=label if seed == min(s for l, s in curves if l == label) else None)
+  for ax, group in zip(axes, ("near", "far")):
+    ax.set_title("%s look-ups (%s the local reach)" % (group, "<=" if group == "near" else ">"))
+    ax.set_xlabel("training step")
+    ax.axhline(1.0 / 8, color="gray", ls=":", lw=1)
+    ax.grid(alpha=0.3)
+  axes[0].set_ylabel("accuracy (chance 1/8, dotted)")
+  axes[1].legend(fontsize=7, loc="upper left")
+  fig.tight_layout()
+  fig.savefig(path, dpi=110)
+
+
+def main(argv=None):
+  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  parser.add_argument("--phase", choices=sorted(PHASES), default="A")
+  parser.add_argument("--recipe", default=RECIPE, help="phase B's hparams for every model")
+  parser.add_argument("--only", default="", help="comma-separated labels")
+  parser.add_argument("--out", default=RESULTS)
+  parser.add_argument("--dry_run", action="store_true")
+  parser.add_argument("--report", action="store_true")
+  args = parser.parse_args(argv)
+  os.makedirs(os.path.dirname(args.out), exist_ok=True)
+  if args.report:
+    records = load(args.out)
+    print(table(records))
+    for phase in PHASES:
+      if any(r["label"].startswith(phase + " ") for r in records):
+        path = os.path.join(os.path.dirname(args.out), "lookup_study_%s.png" % phase)
+        plot(records, path, phase + " ")
+        print("wrote", path)
+    return 0
+  runs = PHASES[args.phase](args.recipe) if args.phase == "B" else PHASES[args.phase]()
+  if args.only:
+    runs = [r for r in runs if r.label in args.only.split(",")]
+  todo = [r for r in runs if not finished(load(args.out), r)]
+  print("lookup_study: %d of %d runs to do" % (len(todo), len(runs)), flush=True)
+  started = time.time()
+  for i, run in enumerate(todo):
+    print("[%d/%d, %.0f min] %s, seed %d" % (i + 1, len(todo), (time.time() - started) / 60,
+                                             run.label, run.seed), flush=True)
+    if args.dry_run:
+      continue
+    kept = [r for r in load(args.out) if key(r) != (run.label, run.seed)]  # a cut-short run
+    with open(args.out, "w") as f:
+      f.writelines(json.dumps(r) + "\n" for r in kept)
+    if run_one(run, args.out):
+      print("lookup_study: run failed: %s seed %d" % (run.label, run.seed), flush=True)
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
