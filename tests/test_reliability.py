@@ -20,7 +20,9 @@ from routing_transformer.t2t import checkpoint_files
 
 pytestmark = pytest.mark.slow
 DECAY = 0.999  # routing_transformer_tiny's EMA decay (hparams `decay`)
-STEPS, EVERY = 6, 2  # the SIGKILL run: checkpoints at steps 0, 2, 4 and 6
+# The SIGKILL run: a checkpoint every 2 steps to 16; the kill lands 0-0.5 s after the one of step
+# 2, a few steps (each ~0.3 s) before the end.
+STEPS, EVERY = 16, 2
 
 
 def trainer_cmd(data_dir, out, steps):
@@ -45,16 +47,23 @@ def ema_count_totals(prefix):
           for name in reader.get_variable_to_shape_map() if name.endswith("ema_count")}
 
 
+def newest_step(out):
+  """The step of the newest checkpoint the run's `checkpoint` file names (what a restart
+  restores), or -1."""
+  newest = tf.train.latest_checkpoint(out)
+  return checkpoint_files.checkpoint_step(newest) if newest else -1
+
+
 def run_until_killed(cmd, log_path, out, after, rng, env):
-  """Starts the trainer and SIGKILLs it at a random moment (0-0.5 s) after it wrote a checkpoint
-  newer than `after`; returns its log."""
+  """Starts the trainer and SIGKILLs it at a random moment (0-0.5 s) after its `checkpoint` file
+  named a checkpoint newer than `after`; returns its log."""
   with open(log_path, "w") as log:
     proc = subprocess.Popen(cmd, stdout=log, stderr=log, cwd=ROOT, env=env)
     deadline = time.time() + 600
-    while not checkpoint_steps(out) or checkpoint_steps(out)[-1] <= after:
+    while newest_step(out) <= after:
       assert proc.poll() is None, open(log_path).read()[-3000:]
       assert time.time() < deadline
-      time.sleep(0.2)
+      time.sleep(0.1)
     time.sleep(rng.uniform(0.0, 0.5))
     proc.send_signal(signal.SIGKILL)
     proc.wait()
