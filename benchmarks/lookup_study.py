@@ -22,7 +22,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS = os.path.join(ROOT, "benchmarks", "results", "lookup_study.jsonl")
 
 Run = collections.namedtuple("Run", "label model hparams_set hparams layout steps eval_every "
-                                    "sequences seed")
+                                    "sequences seed control", defaults=("",))
 
 ADAM = "optimizer=adam,learning_rate_schedule=constant*linear_warmup,learning_rate_constant=0.001"
 PRE_NORM = "layer_preprocess_sequence=n,layer_postprocess_sequence=da"
@@ -104,9 +104,18 @@ def phase_c(recipe=RECIPE):
        "routing_exclude_self=True,routing_logit_scale=learned,sparsity_cluster_size=1,"
        "sparsity_cluster_attention_window=1024"),
   ]
-  return [Run(label, "routing_transformer", "routing_transformer_tiny1k",
+  runs = [Run(label, "routing_transformer", "routing_transformer_tiny1k",
               ",".join(x for x in (recipe, hp) if x), layout, steps, every, seqs, 1)
           for label, hp in variants]
+  # The control: the same places (layer 1 local; layer 2 two local heads and two dense heads over
+  # all earlier positions, separate keys, 1/sqrt(d) logits) without the layer norm of routing's
+  # queries and keys: standard dense heads (retrieval_study --control).
+  runs.append(Run("C control: two standard dense heads in routing's places",
+                  "routing_transformer", "routing_transformer_tiny1k",
+                  recipe + ",share_qk=False,routing_logit_scale=rsqrt_depth,sparsity_cluster_size=1,"
+                  "sparsity_cluster_attention_window=1024", layout, steps, every, seqs, 1,
+                  "unnormalised_routing_qk"))
+  return runs
 
 
 PHASES = {"A": phase_a, "B": phase_b, "C": phase_c}
@@ -132,7 +141,7 @@ def run_one(run, out):
          "--model", run.model, "--hparams_set", run.hparams_set, "--hparams", run.hparams,
          "--layout", run.layout, "--steps", str(run.steps), "--eval_every", str(run.eval_every),
          "--sequences", str(run.sequences), "--seed", str(run.seed), "--label", run.label,
-         "--out", out]
+         "--out", out] + (["--control", run.control] if run.control else [])
   return subprocess.call(cmd, cwd=ROOT)
 
 

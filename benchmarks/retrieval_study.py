@@ -132,6 +132,11 @@ def main(argv=None):
   parser.add_argument("--seed", type=int, default=1)
   parser.add_argument("--out", default="")
   parser.add_argument("--label", default="")
+  parser.add_argument("--control", choices=["", "unnormalised_routing_qk"], default="",
+                      help="study control, not a model option: unnormalised_routing_qk gives "
+                           "the routing heads raw queries and keys (no layer norm before the "
+                           "centroid scores and the logits); with one cluster of all positions "
+                           "and routing_logit_scale=rsqrt_depth they are standard dense heads")
   args = parser.parse_args(argv)
 
   import numpy as np  # pylint: disable=g-import-not-at-top
@@ -147,6 +152,9 @@ def main(argv=None):
     from tensor2tensor.models import transformer  # pylint: disable=g-import-not-at-top,unused-import
   tf1 = tf.compat.v1
   tf.get_logger().setLevel("ERROR")
+  if args.control == "unnormalised_routing_qk":
+    from routing_transformer.core.attention import common  # pylint: disable=g-import-not-at-top
+    common.layer_norm_no_scale = tf.identity  # read by routing.normalised_inputs only
 
   layout = parse_layout(args.layout)
   n = layout.length
@@ -233,7 +241,7 @@ def main(argv=None):
         answers = eval_dists >= 1
         record = dict(
             label=args.label, model=args.model, hparams_set=args.hparams_set, hparams=args.hparams,
-            layout=args.layout, sequences=args.sequences, seed=args.seed, step=step,
+            layout=args.layout, control=args.control, sequences=args.sequences, seed=args.seed, step=step,
             seconds=round(train_seconds, 1), steps_per_second=round(step / train_seconds, 3),
             reach=reach, attention_flops_vs_full=round(flops_vs_full, 4),
             attention_memory_vs_full=round(memory_vs_full, 4),
