@@ -74,7 +74,8 @@ def test_dropout_zeroes_weights_and_rescales_the_rest(rng, kind):
   dropped = fn(q, k, one_hot, dropout_rate=RATE).numpy()
   check_dropped_weights(dropped, weights, RATE)
   again = fn(q, k, one_hot, dropout_rate=RATE).numpy()
-  assert np.mean((dropped != 0) != (again != 0)) > 0.1  # fresh draws per call
+  allowed = weights > 0
+  assert np.mean((dropped[allowed] != 0) != (again[allowed] != 0)) > 0.25  # fresh draws
 
 
 @pytest.mark.parametrize("kind", ["local", "routing_topk", "causal_window"])
@@ -207,14 +208,13 @@ def test_cached_decoding_steps_never_drop(rng, routing_mode):
   def steps(rate):
     hparams = layer_hparams(routing_mode=routing_mode, attention_dropout=rate,
                             sparsity_cluster_size=4)
-    with tf.Graph().as_default():
+    with tf.Graph().as_default(), tf1.variable_scope("layer", reuse=tf1.AUTO_REUSE):
       tf1.set_random_seed(3)
       cache = layers.self_attention_cache(hparams, 0, 2, 32)
       outs = []
       for t in range(6):
         y, cache = layers.self_attention_step(tf.constant(x[:, t:t + 1]), hparams, 0, cache,
                                               tf.constant(t))
-        tf1.get_variable_scope().reuse_variables()
         outs.append(y)
       with tf1.Session() as sess:
         sess.run(tf1.global_variables_initializer())

@@ -446,10 +446,15 @@ def is_original_release(prefix, variables=None):
     return json.load(f).get("checkpoint") == os.path.basename(prefix)
 
 
+def has_routing_heads(hparams):
+  """Whether some decoder layer of `hparams` has routing heads."""
+  return bool(hparams.sparsity_cluster_num_heads and
+              hparams.sparsity_skip_first < hparams.num_decoder_layers)
+
+
 def padding_note(hparams):
   """One line on routing_padding_as_original for a converted checkpoint with routing heads."""
-  if hparams is None or not (hparams.sparsity_cluster_num_heads and
-                             hparams.sparsity_skip_first < hparams.num_decoder_layers):
+  if hparams is None or not has_routing_heads(hparams):
     return None
   return ("note: the original release lets padding take part in routing (cluster membership, "
           "k-means statistics); the scorer and the probes set routing_padding_as_original=True "

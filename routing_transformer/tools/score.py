@@ -197,8 +197,9 @@ class Scorer(object):
 
     stored = checkpoints.read_variables(self.checkpoint)
     self.notes = []  # lines about how the checkpoint is run (the CLI's JSON "notes")
-    if checkpoints.is_original_release(self.checkpoint, stored) and \
-        "routing_padding_as_original" not in (hparams if isinstance(hparams, str) else ""):
+    if checkpoints.has_routing_heads(self.hparams) and \
+        "routing_padding_as_original" not in (hparams if isinstance(hparams, str) else "") and \
+        checkpoints.is_original_release(self.checkpoint, stored):
       self.notes.append(original_padding(self.hparams))
     rows = [shape[0] for name, (shape, _) in stored.items()
             if name.endswith("/body/embeddings/embedding")]
