@@ -3,6 +3,7 @@
     python benchmarks/lookup_study.py --phase A            # what makes a look-up learnable
     python benchmarks/lookup_study.py --phase B            # full / local / routing + switches
     python benchmarks/lookup_study.py --phase C            # why routing misses far look-ups
+    python benchmarks/lookup_study.py --phase D            # which layout lets far look-ups learn
     python benchmarks/lookup_study.py --report             # table + curves from the results
 
 Each run is its own process (`benchmarks/retrieval_study.py`), appending one JSON line per
@@ -118,7 +119,32 @@ def phase_c(recipe=RECIPE):
   return runs
 
 
-PHASES = {"A": phase_a, "B": phase_b, "C": phase_c}
+def phase_d(recipe=RECIPE):
+  """Which layout lets long-range heads learn the far look-ups (1k mixed, seed 1): more routing
+  heads, routing heads in both layers, the dense-head control with four heads and with 3x the
+  steps; then full attention's seed 2."""
+  layout, every, seqs = "long_range_retrieval_1k_mixed", 100, 4
+  dense = ",share_qk=False,routing_logit_scale=rsqrt_depth,sparsity_cluster_size=1," \
+          "sparsity_cluster_attention_window=1024"
+  variants = [  # label, hparams, steps, control
+      ("D routing, 4 routing heads in layer 2", "local_num_heads=0,sparsity_cluster_num_heads=4",
+       1000, ""),
+      ("D control: four standard dense heads in layer 2",
+       "local_num_heads=0,sparsity_cluster_num_heads=4" + dense, 1000, "unnormalised_routing_qk"),
+      ("D routing, 4 routing heads in both layers",
+       "local_num_heads=0,sparsity_cluster_num_heads=4,sparsity_skip_first=0", 1000, ""),
+      ("D control: two standard dense heads in routing's places, 3,000 steps", dense.lstrip(","),
+       3000, "unnormalised_routing_qk"),
+  ]
+  runs = [Run(label, "routing_transformer", "routing_transformer_tiny1k",
+              ",".join(x for x in (recipe, hp) if x), layout, steps, every, seqs, 1, control)
+          for label, hp, steps, control in variants]
+  runs.append(Run("B full", "routing_transformer", "full_transformer_tiny1k", recipe, layout,
+                  1000, every, seqs, 2))
+  return runs
+
+
+PHASES = {"A": phase_a, "B": phase_b, "C": phase_c, "D": phase_d}
 
 
 def load(path=RESULTS):
@@ -229,7 +255,7 @@ def main(argv=None):
         plot(records, path, phase + " ")
         print("wrote", path)
     return 0
-  runs = PHASES[args.phase](args.recipe) if args.phase in "BC" else PHASES[args.phase]()
+  runs = PHASES[args.phase](args.recipe) if args.phase in "BCD" else PHASES[args.phase]()
   if args.only:
     runs = [r for r in runs if r.label in args.only.split(",")]
   todo = [r for r in runs if not finished(load(args.out), r)]
