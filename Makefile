@@ -16,7 +16,7 @@ test: setup
 	$(PY) -m pytest -q tests -n $(PYTEST_WORKERS) --dist loadscope --no-loadscope-reorder $(PYTEST_ARGS)
 
 # Real books (Project Gutenberg's Shakespeare as a miniature PG-19): routing vs local. Target
-# <= 20 min; from a fresh clone it took 16 min 29 s on 2 AVX2 cores (2026-11-25, `make demo`, with the probes).
+# <= 20 min; it took 18 min 25 s on 2 AVX2 cores with .venv set up (2026-11-25, `make demo`, with the probes).
 demo: setup
 	$(PY) scripts/demo.py $(DEMO_ARGS)
 

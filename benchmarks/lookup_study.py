@@ -2,6 +2,8 @@
 
     python benchmarks/lookup_study.py --phase A            # what makes a look-up learnable
     python benchmarks/lookup_study.py --phase B            # full / local / routing + switches
+    python benchmarks/lookup_study.py --phase C            # why routing misses far look-ups
+    python benchmarks/lookup_study.py --phase D            # which layout lets far look-ups learn
     python benchmarks/lookup_study.py --report             # table + curves from the results
 
 Each run is its own process (`benchmarks/retrieval_study.py`), appending one JSON line per
@@ -21,7 +23,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS = os.path.join(ROOT, "benchmarks", "results", "lookup_study.jsonl")
 
 Run = collections.namedtuple("Run", "label model hparams_set hparams layout steps eval_every "
-                                    "sequences seed")
+                                    "sequences seed control", defaults=("",))
 
 ADAM = "optimizer=adam,learning_rate_schedule=constant*linear_warmup,learning_rate_constant=0.001"
 PRE_NORM = "layer_preprocess_sequence=n,layer_postprocess_sequence=da"
@@ -79,7 +81,70 @@ def phase_b(recipe=RECIPE):
   return runs + models(2) + models(3)
 
 
-PHASES = {"A": phase_a, "B": phase_b}
+def phase_c(recipe=RECIPE):
+  """Why routing misses far look-ups (1k mixed layout, 1,000 steps, `lookup_diagnostics`):
+  routing's settings one at a time, and together, against the paper settings."""
+  layout, steps, every, seqs = "long_range_retrieval_1k_mixed", 1000, 100, 4
+  variants = [
+      ("C routing", ""),
+      ("C routing + exclude_self, rsqrt_depth",
+       "routing_exclude_self=True,routing_logit_scale=rsqrt_depth"),
+      ("C routing, 4 clusters x 256", "sparsity_cluster_size=4,sparsity_cluster_attention_window=256"),
+      ("C routing + share_qk=False", "share_qk=False"),
+      # one cluster of all 1,024 positions: routing heads attend densely with routing's logits
+      # (shared, normalised q/k): is it the clustering or the logit form that does not learn?
+      ("C routing, 1 cluster x 1024", "sparsity_cluster_size=1,sparsity_cluster_attention_window=1024"),
+      ("C routing + exclude_self, rsqrt_depth, 1 cluster x 1024",
+       "routing_exclude_self=True,routing_logit_scale=rsqrt_depth,sparsity_cluster_size=1,"
+       "sparsity_cluster_attention_window=1024"),
+      ("C routing + share_qk=False, rsqrt_depth, 1 cluster x 1024",
+       "share_qk=False,routing_logit_scale=rsqrt_depth,sparsity_cluster_size=1,"
+       "sparsity_cluster_attention_window=1024"),
+      ("C routing, routing heads in both layers", "sparsity_skip_first=0"),
+      ("C routing + exclude_self, learned scale, 1 cluster x 1024",
+       "routing_exclude_self=True,routing_logit_scale=learned,sparsity_cluster_size=1,"
+       "sparsity_cluster_attention_window=1024"),
+  ]
+  runs = [Run(label, "routing_transformer", "routing_transformer_tiny1k",
+              ",".join(x for x in (recipe, hp) if x), layout, steps, every, seqs, 1)
+          for label, hp in variants]
+  # The control: the same places (layer 1 local; layer 2 two local heads and two dense heads over
+  # all earlier positions, separate keys, 1/sqrt(d) logits) without the layer norm of routing's
+  # queries and keys: standard dense heads (retrieval_study --control).
+  runs.append(Run("C control: two standard dense heads in routing's places",
+                  "routing_transformer", "routing_transformer_tiny1k",
+                  recipe + ",share_qk=False,routing_logit_scale=rsqrt_depth,sparsity_cluster_size=1,"
+                  "sparsity_cluster_attention_window=1024", layout, steps, every, seqs, 1,
+                  "unnormalised_routing_qk"))
+  return runs
+
+
+def phase_d(recipe=RECIPE):
+  """Which layout lets long-range heads learn the far look-ups (1k mixed, seed 1): more routing
+  heads, routing heads in both layers, the dense-head control with four heads and with 3x the
+  steps; then full attention's seed 2."""
+  layout, every, seqs = "long_range_retrieval_1k_mixed", 100, 4
+  dense = ",share_qk=False,routing_logit_scale=rsqrt_depth,sparsity_cluster_size=1," \
+          "sparsity_cluster_attention_window=1024"
+  variants = [  # label, hparams, steps, control
+      ("D routing, 4 routing heads in layer 2", "local_num_heads=0,sparsity_cluster_num_heads=4",
+       1000, ""),
+      ("D control: four standard dense heads in layer 2",
+       "local_num_heads=0,sparsity_cluster_num_heads=4" + dense, 1000, "unnormalised_routing_qk"),
+      ("D routing, 4 routing heads in both layers",
+       "local_num_heads=0,sparsity_cluster_num_heads=4,sparsity_skip_first=0", 1000, ""),
+      ("D control: two standard dense heads in routing's places, 3,000 steps", dense.lstrip(","),
+       3000, "unnormalised_routing_qk"),
+  ]
+  runs = [Run(label, "routing_transformer", "routing_transformer_tiny1k",
+              ",".join(x for x in (recipe, hp) if x), layout, steps, every, seqs, 1, control)
+          for label, hp, steps, control in variants]
+  runs.append(Run("B full", "routing_transformer", "full_transformer_tiny1k", recipe, layout,
+                  1000, every, seqs, 2))
+  return runs
+
+
+PHASES = {"A": phase_a, "B": phase_b, "C": phase_c, "D": phase_d}
 
 
 def load(path=RESULTS):
@@ -102,7 +167,7 @@ def run_one(run, out):
          "--model", run.model, "--hparams_set", run.hparams_set, "--hparams", run.hparams,
          "--layout", run.layout, "--steps", str(run.steps), "--eval_every", str(run.eval_every),
          "--sequences", str(run.sequences), "--seed", str(run.seed), "--label", run.label,
-         "--out", out]
+         "--out", out] + (["--control", run.control] if run.control else [])
   return subprocess.call(cmd, cwd=ROOT)
 
 
@@ -118,22 +183,28 @@ def fmt(x):
   return "-" if x is None else "%.2f" % x
 
 
-def table(records):
-  """Markdown rows, one per run, in the order run."""
+def table(records, prefix=""):
+  """Markdown rows, one per run (label starting with `prefix`), in the order run."""
   lines = ["| run | seed | steps | s | steps/s | near acc | far acc | by band | eval loss "
-           "(answers) | routing: no-cluster / self share |",
-           "|---|---|---|---|---|---|---|---|---|---|"]
+           "(answers) | routing: no-cluster / self share | far items: co-clustered / rank |",
+           "|---|---|---|---|---|---|---|---|---|---|---|"]
   for (label, seed), r in final(records).items():
+    if not label.startswith(prefix):
+      continue
     acc = r["accuracy"]
     bands = ", ".join("%s %s" % (k[1:].replace("_", "-"), fmt(v)) for k, v in acc.items()
                       if k.startswith("d"))
     diag = r.get("diagnostics") or {}
-    nc = [v for k, v in diag.items() if k.endswith("no_cluster_share")]
-    ss = [v for k, v in diag.items() if k.endswith("self_attention_share")]
-    routing = "%.2f / %.2f" % (nc[0], ss[0]) if nc and ss else "-"
-    lines.append("| %s | %d | %d | %.0f | %.2f | %s | %s | %s | %.2f | %s |" % (
+    nc = [v for k, v in sorted(diag.items()) if k.endswith("no_cluster_share")]
+    ss = [v for k, v in sorted(diag.items()) if k.endswith("self_attention_share")]
+    routing = "%.2f / %.2f" % (nc[-1], ss[-1]) if nc and ss else "-"
+    look = r.get("lookup_diagnostics") or {}
+    co = [v for k, v in sorted(look.items()) if k.endswith("item_cocluster")]
+    rank = [v for k, v in sorted(look.items()) if k.endswith("item_rank")]
+    items = "%.2f / %.2f" % (co[-1], rank[-1]) if co and rank else "-"
+    lines.append("| %s | %d | %d | %.0f | %.2f | %s | %s | %s | %.2f | %s | %s |" % (
         label, seed, r["step"], r["seconds"], r["steps_per_second"], fmt(acc.get("near")),
-        fmt(acc.get("far")), bands, r["eval_answer_loss"], routing))
+        fmt(acc.get("far")), bands, r["eval_answer_loss"], routing, items))
   return "\n".join(lines)
 
 
@@ -175,14 +246,16 @@ def main(argv=None):
   os.makedirs(os.path.dirname(args.out), exist_ok=True)
   if args.report:
     records = load(args.out)
-    print(table(records))
+    for phase in PHASES:
+      if any(r["label"].startswith(phase + " ") for r in records):
+        print("\nPhase %s\n\n%s" % (phase, table(records, phase + " ")))
     for phase in PHASES:
       if any(r["label"].startswith(phase + " ") for r in records):
         path = os.path.join(os.path.dirname(args.out), "lookup_study_%s.png" % phase)
         plot(records, path, phase + " ")
         print("wrote", path)
     return 0
-  runs = PHASES[args.phase](args.recipe) if args.phase == "B" else PHASES[args.phase]()
+  runs = PHASES[args.phase](args.recipe) if args.phase in "BCD" else PHASES[args.phase]()
   if args.only:
     runs = [r for r in runs if r.label in args.only.split(",")]
   todo = [r for r in runs if not finished(load(args.out), r)]

@@ -9,10 +9,13 @@
 A plain session loop (no t2t-trainer start-up, no checkpoints): the registered model, T2T's
 optimizer and learning-rate schedule of the hparams set, `--sequences` fresh sequences per step
 (seed 1000 * seed + step), and every `--eval_every` steps the accuracy on 32 held-out sequences
-per distance band and near/far of the local heads' reach (full attention: the reach its
+(the model in EVAL mode on the trained variables) per distance band and near/far of the local
+heads' reach (full attention: the reach its
 query_shape/memory_flange would give), train/eval loss, and for routing layers the diagnostics
 of the last training batch (share of queries in no cluster, self-attention share, cluster
-occupancy). One JSON line per evaluation to stdout and `--out`.
+occupancy) and, on the held-out far look-ups, `lookup_diagnostics`: how often the query token
+and its item share a routing cluster and how close their routed vectors are.
+One JSON line per evaluation to stdout and `--out`.
 """
 import argparse
 import json
@@ -67,6 +70,55 @@ def accuracies(correct, dists, layout, reach):
   return {k: (round(float(correct[m].mean()), 4) if m.any() else None) for k, m in groups.items()}
 
 
+def top_window_np(scores, window):
+  """NumPy twin of `routing.top_window` without padding: bool members [b, h, c, n]."""
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  top = np.argpartition(-scores, window - 1, axis=-1)[..., :window]
+  members = np.zeros(scores.shape, bool)
+  np.put_along_axis(members, top, True, axis=-1)
+  return members
+
+
+def lookup_diagnostics(q_hat, k_hat, means, window, dists, reach):
+  """Where routing stands on the far look-ups of one batch (causal routing: cluster members are
+  chosen by the queries' centroid scores, the keys are the query members).
+
+  Args:
+    q_hat, k_hat: [b, h, n, d] normalised queries and keys of one routing layer (one array with
+      share_qk).
+    means: [h, c, d] centroids.
+    window: members per cluster.
+    dists: [b, n] look-up distance at each answer position (query token one before), else -1.
+    reach: far look-ups have d > reach.
+  Returns:
+    dict of floats over the far look-ups: "item_cocluster" share whose query token and item share
+    a cluster in some head, "query_in_cluster" share whose query token is in some cluster,
+    "item_cosine" mean over heads of cos(q_hat query, k_hat item), "other_cosine" the same for
+    the query and every earlier position (a baseline), "item_rank" mean over heads of the share of
+    earlier positions the item's logit beats.
+  """
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  members = top_window_np(np.einsum("hcd,bhnd->bhcn", means, q_hat), window)
+  b_idx, answer = np.nonzero(dists > reach)
+  if not b_idx.size:
+    return {}
+  query = answer - 1
+  item = query - dists[b_idx, answer]
+  shared = (members[b_idx, :, :, query] & members[b_idx, :, :, item]).any(axis=(1, 2))
+  in_cluster = members[b_idx, :, :, query].any(axis=(1, 2))
+  depth = q_hat.shape[-1]
+  logits = np.einsum("khd,bhnd->khbn", q_hat[b_idx, :, query], k_hat) / depth  # cosines
+  logits = logits[np.arange(b_idx.size), :, b_idx]  # [k, h, n]
+  earlier = np.arange(q_hat.shape[2])[None, :] < query[:, None]  # [k, n]
+  item_cos = logits[np.arange(b_idx.size), :, item]  # [k, h]
+  other = np.where(earlier[:, None, :], logits, 0).sum(-1) / earlier.sum(-1)[:, None]
+  beats = ((logits < item_cos[..., None]) & earlier[:, None, :]).sum(-1) / np.maximum(
+      earlier.sum(-1)[:, None] - 1, 1)
+  return {"item_cocluster": float(shared.mean()), "query_in_cluster": float(in_cluster.mean()),
+          "item_cosine": float(item_cos.mean()), "other_cosine": float(other.mean()),
+          "item_rank": float(beats.mean())}
+
+
 def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   parser.add_argument("--model", default="routing_transformer",
@@ -80,6 +132,11 @@ def main(argv=None):
   parser.add_argument("--seed", type=int, default=1)
   parser.add_argument("--out", default="")
   parser.add_argument("--label", default="")
+  parser.add_argument("--control", choices=["", "unnormalised_routing_qk"], default="",
+                      help="study control, not a model option: unnormalised_routing_qk gives "
+                           "the routing heads raw queries and keys (no layer norm before the "
+                           "centroid scores and the logits); with one cluster of all positions "
+                           "and routing_logit_scale=rsqrt_depth they are standard dense heads")
   args = parser.parse_args(argv)
 
   import numpy as np  # pylint: disable=g-import-not-at-top
@@ -95,6 +152,9 @@ def main(argv=None):
     from tensor2tensor.models import transformer  # pylint: disable=g-import-not-at-top,unused-import
   tf1 = tf.compat.v1
   tf.get_logger().setLevel("ERROR")
+  if args.control == "unnormalised_routing_qk":
+    from routing_transformer.core.attention import common  # pylint: disable=g-import-not-at-top
+    common.layer_norm_no_scale = tf.identity  # read by routing.normalised_inputs only
 
   layout = parse_layout(args.layout)
   n = layout.length
@@ -140,11 +200,18 @@ def main(argv=None):
       for key in steps[0].routing_statistics:
         diagnostics["%s/%s" % (layer, key)] = tf.add_n(
             [s.routing_statistics[key] for s in steps]) / len(steps)
-    # Evaluation reads the same graph's logits in chunks of the static batch (no train_op run,
-    # so no update; the tiny sets have no dropout).
-    pred_op = tf.argmax(logits[:, :, 0, 0, :], axis=-1, output_type=tf.int32)
-    xent_op = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=ids,
-                                                             logits=logits[:, :, 0, 0, :])
+    routed = {}  # layer: (q_hat, k_hat, means) of the first shard, for lookup_diagnostics
+    for layer, steps in sorted(getattr(model, "_kmeans_steps", {}).items()):  # pylint: disable=protected-access
+      x_hats = steps[0].x_hats
+      routed[layer] = (x_hats[0], x_hats[-1], steps[0].km.means)
+    # Evaluation: the same model in EVAL mode on the same variables (no dropout, no centroid
+    # update, no train-time routing noise), in chunks of the static batch.
+    eval_model = registry.model(args.model)(make_hparams(), tf.estimator.ModeKeys.EVAL,
+                                            _reuse=True)
+    eval_logits, _ = eval_model({"targets": ids[:, :, None, None]})
+    eval_logits = eval_logits[:, :, 0, 0, :]
+    pred_op = tf.argmax(eval_logits, axis=-1, output_type=tf.int32)
+    xent_op = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=ids, logits=eval_logits)
     started = time.time()
     records = []
     with tf1.Session() as sess:
@@ -159,14 +226,22 @@ def main(argv=None):
         if not evaluate:
           continue
         train_seconds = time.time() - started
-        outs = [sess.run([pred_op, xent_op], {ids: eval_seqs[i:i + args.sequences]})
+        outs = [sess.run([pred_op, xent_op, routed], {ids: eval_seqs[i:i + args.sequences]})
                 for i in range(0, NUM_EVAL, args.sequences)]
+        lookups = {}
+        for layer in routed:
+          parts = [lookup_diagnostics(*o[2][layer], hparams.sparsity_cluster_attention_window,
+                                      eval_dists[i * args.sequences:(i + 1) * args.sequences],
+                                      reach) for i, o in enumerate(outs)]
+          parts = [p for p in parts if p]
+          for key in (parts[0] if parts else ()):
+            lookups["%s/%s" % (layer, key)] = round(float(np.mean([p[key] for p in parts])), 4)
         pred = np.concatenate([o[0] for o in outs])
         xent = np.concatenate([o[1] for o in outs])
         answers = eval_dists >= 1
         record = dict(
             label=args.label, model=args.model, hparams_set=args.hparams_set, hparams=args.hparams,
-            layout=args.layout, sequences=args.sequences, seed=args.seed, step=step,
+            layout=args.layout, control=args.control, sequences=args.sequences, seed=args.seed, step=step,
             seconds=round(train_seconds, 1), steps_per_second=round(step / train_seconds, 3),
             reach=reach, attention_flops_vs_full=round(flops_vs_full, 4),
             attention_memory_vs_full=round(memory_vs_full, 4),
@@ -174,7 +249,8 @@ def main(argv=None):
             eval_loss=round(float(xent.mean()), 4),
             eval_answer_loss=round(float(xent[answers].mean()), 4),
             accuracy=accuracies(pred == eval_seqs, eval_dists, layout, reach),
-            diagnostics={k: round(float(v), 4) for k, v in out[2].items()})
+            diagnostics={k: round(float(v), 4) for k, v in out[2].items()},
+            lookup_diagnostics=lookups)
         records.append(record)
         line = json.dumps(record)
         print(line, flush=True)

@@ -23,20 +23,36 @@ def rng():
 
 BIN = os.path.dirname(sys.executable)
 
-# Modules that start with the expensive work, in this order: under `make test` (pytest-xdist,
-# --dist loadscope) each module runs whole on one worker and modules are handed out in collection
-# order, so the long ones start first. The shared trained run is made by the first of them;
-# test_t2t_decoder, which needs it too, comes after two modules that do not.
-FIRST = ("test_t2t_binaries.py", "test_t2t_distributed.py", "test_reliability.py",
-         "test_mtf_trainer.py", "test_t2t_decoder.py")
+# The order modules are handed to the workers under `make test` (pytest-xdist, --dist loadscope
+# --no-loadscope-reorder): each module runs whole on one worker, and a worker is given the next
+# module once its current one has at most 2 tests left (so a module of <= 2 tests brings the next
+# one along at once). The long modules come first and the short ones last, so both workers stay
+# busy to the end. The shared trained run is built by test_t2t_binaries' second test; the other
+# worker meanwhile runs test_reliability, which needs no shared run, and test_t2t_distributed,
+# queued behind it, starts after the shared run exists: neither worker waits for the other.
+FIRST = (
+    "test_t2t_binaries.py",      # the shared trained run, its checks, 10 one-line-error runs
+    "test_reliability.py",       # SIGKILL + restart, then damaged checkpoint + full disk
+    "test_t2t_distributed.py",   # 3 runs continuing the shared trained run
+    "test_t2t_decoder.py",       # 8 t2t-decoder runs on the shared trained run
+    "test_mtf_trainer.py",       # the Mesh-TF run
+    # the longest modules that are not `slow`
+    "test_health.py", "test_mtf_model.py", "test_problems.py", "test_keras.py",
+    "test_recompute.py", "test_causal_window.py", "test_analysis.py", "test_books.py",
+    "test_probes.py", "test_decoding.py", "test_scoring.py", "test_compat.py",
+)
+LAST = ("test_usr_dirs.py", "test_placement.py", "test_memory_estimate.py", "test_progress.py")
 
 
 def pytest_collection_modifyitems(items):
-  """Runs FIRST's modules first, then the other `slow` modules, then the rest (stable sort)."""
+  """Orders modules: FIRST, other `slow` modules, the rest, LAST (stable: a module's tests keep
+  their order)."""
   def rank(item):
     name = os.path.basename(str(item.fspath))
     if name in FIRST:
       return FIRST.index(name)
+    if name in LAST:
+      return len(FIRST) + 2 + LAST.index(name)
     return len(FIRST) + (0 if item.get_closest_marker("slow") else 1)
   items.sort(key=rank)
 

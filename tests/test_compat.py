@@ -53,3 +53,30 @@ def test_t2t_optimize_builds_and_runs_a_train_op(optimizer):
         sess.run(train_op)
       after = sess.run(loss)
   assert np.isfinite(after) and after < before
+
+
+def test_t2t_model_graph_builds_without_autograph(monkeypatch):
+  """compat turns off TF2 Keras' autograph pass over T2TModel.call (it transpiled every model
+  function on each graph build): building the routing model converts nothing, and it runs."""
+  import t2t_usr_dir  # pylint: disable=g-import-not-at-top,unused-import
+  from tensor2tensor.data_generators import problem_hparams  # pylint: disable=g-import-not-at-top
+  from tensor2tensor.utils import registry  # pylint: disable=g-import-not-at-top
+  from tensor2tensor.utils import trainer_lib  # pylint: disable=g-import-not-at-top
+  from tensorflow.python.autograph.impl import api  # pylint: disable=g-import-not-at-top
+  compat.patch_tensor2tensor()
+  converted = []
+  convert = api._convert_actual  # pylint: disable=protected-access
+  monkeypatch.setattr(api, "_convert_actual",
+                      lambda entity, ctx: converted.append(entity) or convert(entity, ctx))
+  hparams = trainer_lib.create_hparams("routing_transformer_test")
+  hparams.problem_hparams = problem_hparams.test_problem_hparams(40, 40, hparams)
+  with tf.Graph().as_default():
+    model = registry.model("routing_transformer")(hparams, tf.estimator.ModeKeys.TRAIN,
+                                                  hparams.problem_hparams)
+    ids = tf.constant(np.random.RandomState(0).randint(2, 40, size=(2, 64, 1, 1)), tf.int32)
+    _, losses = model({"targets": ids, "inputs": ids})
+    loss = tf.add_n(list(losses.values()))
+    with tf.compat.v1.Session() as sess:
+      sess.run(tf.compat.v1.global_variables_initializer())
+      assert np.isfinite(sess.run(loss))
+  assert not converted, converted[:5]

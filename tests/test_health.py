@@ -30,11 +30,13 @@ def build_training(hparams_set="routing_transformer_test", overrides=""):
 
 
 def test_nan_loss_and_gradient_stop_the_step_without_a_poisoned_checkpoint(tmp_path):
-  with tf.Graph().as_default():
+  with tf.Graph().as_default():  # one graph for both checks
     train_op, scale, poison, first = build_training()
+    init = tf.global_variables_initializer()
     with tf.train.MonitoredTrainingSession(checkpoint_dir=str(tmp_path),
                                            save_checkpoint_steps=1,
-                                           save_summaries_steps=None) as sess:
+                                           save_summaries_steps=None,
+                                           save_graph_def=False) as sess:  # no graph.pbtxt
       for _ in range(2):
         sess.run(train_op)
       before = sess.run(first)
@@ -50,10 +52,8 @@ def test_nan_loss_and_gradient_stop_the_step_without_a_poisoned_checkpoint(tmp_p
       if isinstance(value, np.ndarray) and value.dtype.kind == "f":
         assert np.all(np.isfinite(value)), name
 
-  with tf.Graph().as_default():
-    train_op, scale, poison, first = build_training()
-    with tf.Session() as sess:
-      sess.run(tf.global_variables_initializer())
+    with tf.Session() as sess:  # fresh variables: a NaN gradient with a finite loss
+      sess.run(init)
       before = sess.run(first)
       with pytest.raises(tf.errors.InvalidArgumentError) as grad_error:
         sess.run(train_op, {poison: 0.0})

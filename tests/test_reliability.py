@@ -20,6 +20,9 @@ from routing_transformer.t2t import checkpoint_files
 
 pytestmark = pytest.mark.slow
 DECAY = 0.999  # routing_transformer_tiny's EMA decay (hparams `decay`)
+# The SIGKILL run: a checkpoint every 2 steps to 16; the kill lands 0-0.5 s after the one of step
+# 2, a few steps (each ~0.3 s) before the end.
+STEPS, EVERY = 16, 2
 
 
 def trainer_cmd(data_dir, out, steps):
@@ -27,7 +30,7 @@ def trainer_cmd(data_dir, out, steps):
           "--t2t_usr_dir=" + os.path.join(ROOT, "t2t_usr_dir"),
           "--problem=synthetic_long_range", "--model=routing_transformer",
           "--hparams_set=routing_transformer_tiny", "--data_dir=" + data_dir,
-          "--output_dir=" + out, "--train_steps=%d" % steps, "--local_eval_frequency=3",
+          "--output_dir=" + out, "--train_steps=%d" % steps, "--local_eval_frequency=%d" % EVERY,
           "--iterations_per_loop=1",
           "--keep_checkpoint_max=50", "--schedule=train"]
 
@@ -44,16 +47,23 @@ def ema_count_totals(prefix):
           for name in reader.get_variable_to_shape_map() if name.endswith("ema_count")}
 
 
+def newest_step(out):
+  """The step of the newest checkpoint the run's `checkpoint` file names (what a restart
+  restores), or -1."""
+  newest = tf.train.latest_checkpoint(out)
+  return checkpoint_files.checkpoint_step(newest) if newest else -1
+
+
 def run_until_killed(cmd, log_path, out, after, rng, env):
-  """Starts the trainer and SIGKILLs it at a random moment (0-0.5 s) after it wrote a checkpoint
-  newer than `after`; returns its log."""
+  """Starts the trainer and SIGKILLs it at a random moment (0-0.5 s) after its `checkpoint` file
+  named a checkpoint newer than `after`; returns its log."""
   with open(log_path, "w") as log:
     proc = subprocess.Popen(cmd, stdout=log, stderr=log, cwd=ROOT, env=env)
     deadline = time.time() + 600
-    while not checkpoint_steps(out) or checkpoint_steps(out)[-1] <= after:
+    while newest_step(out) <= after:
       assert proc.poll() is None, open(log_path).read()[-3000:]
       assert time.time() < deadline
-      time.sleep(0.2)
+      time.sleep(0.1)
     time.sleep(rng.uniform(0.0, 0.5))
     proc.send_signal(signal.SIGKILL)
     proc.wait()
@@ -61,48 +71,49 @@ def run_until_killed(cmd, log_path, out, after, rng, env):
     return f.read()
 
 
-def test_random_sigkills_then_restarts_resume_from_the_newest_checkpoint(data_dir, tmp_path):
-  out = str(tmp_path / "run")
-  steps, kills = 12, 2  # checkpoints every 3 steps; each kill lands after a new one
+@pytest.fixture(scope="module")
+def killed_run(synthetic_data_dir, tmp_path_factory):
+  """A run SIGKILLed at a random moment after its first checkpoint past step 0, then restarted
+  with the same flags until it finished STEPS steps. Read-only (copy it before changing it):
+  dict(out, seed, restored: the checkpoint the restart restored, last: the restart's
+  CompletedProcess)."""
+  folder = tmp_path_factory.mktemp("sigkill")
+  out = str(folder / "run")
   seed = int(time.time())
-  rng = random.Random(seed)
   env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
-  cmd = trainer_cmd(data_dir, out, steps)
-  restored = [None]  # the checkpoint each start restores: the newest one its predecessor left
-  for kill in range(kills):
-    after = checkpoint_files.checkpoint_step(restored[-1]) if restored[-1] else 0
-    if after >= steps - 3:
-      break  # no checkpoint left to kill after
-    log = run_until_killed(cmd, str(tmp_path / ("run%d.log" % kill)), out, after, rng, env)
-    if restored[-1]:
-      assert "Restoring parameters from %s" % restored[-1] in log, (seed, log[-3000:])
-    restored.append(tf.train.latest_checkpoint(out))  # what the next start restores
-    assert checkpoint_files.damage(restored[-1]) is None, seed
-  killed_at = checkpoint_files.checkpoint_step(restored[1])
-  assert 3 <= killed_at < steps, "the first kill must land mid-training (seed %d)" % seed
-  assert checkpoint_files.checkpoint_step(restored[-1]) < steps, seed
+  cmd = trainer_cmd(synthetic_data_dir, out, STEPS)
+  run_until_killed(cmd, str(folder / "killed.log"), out, 0, random.Random(seed), env)
+  restored = tf.train.latest_checkpoint(out)  # what the restart restores
+  last = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=env, timeout=900)
+  return dict(out=out, seed=seed, restored=restored, last=last)
+
+
+def test_sigkill_then_restart_resumes_from_the_newest_checkpoint(killed_run):
+  out, seed, restored, last = (killed_run[k] for k in ("out", "seed", "restored", "last"))
+  assert restored and checkpoint_files.damage(restored) is None, seed  # never a torn newest one
+  killed_at = checkpoint_files.checkpoint_step(restored)
+  assert EVERY <= killed_at < STEPS, "the kill must land mid-training (seed %d)" % seed
   before = ema_count_totals(os.path.join(out, "model.ckpt-%d" % killed_at))
   assert before and all(np.all(v > 0) for v in before.values())
 
-  last = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=env, timeout=900)
   assert last.returncode == 0, last.stderr[-3000:]
-  assert "Restoring parameters from %s" % restored[-1] in last.stderr, seed
-  assert checkpoint_steps(out)[-1] == steps
-  final = os.path.join(out, "model.ckpt-%d" % steps)
+  assert "Restoring parameters from %s" % restored in last.stderr, seed
+  assert checkpoint_steps(out)[-1] == STEPS
+  final = os.path.join(out, "model.ckpt-%d" % STEPS)
   reader = tf.train.load_checkpoint(final)
-  assert reader.get_tensor("global_step") == steps
+  assert reader.get_tensor("global_step") == STEPS
   for name in reader.get_variable_to_shape_map():
     value = reader.get_tensor(name)
     if isinstance(value, np.ndarray) and value.dtype.kind == "f":
       assert np.all(np.isfinite(value)), name
   # Every step adds (1 - decay) * N to the per-head EMA count total (N = q + k tokens, constant
   # here), from 0 at initialisation: S_t = N (1 - decay^t). Restored statistics continue this
-  # curve to t = steps; re-initialised ones would restart it at the kill.
+  # curve to t = STEPS; re-initialised ones would restart it at the kill.
   after = ema_count_totals(final)
   for name, total in before.items():
     n = total / (1.0 - DECAY ** killed_at)
-    np.testing.assert_allclose(after[name], n * (1.0 - DECAY ** steps), rtol=2e-3)
-    assert not np.allclose(after[name], n * (1.0 - DECAY ** (steps - killed_at)), rtol=0.05)
+    np.testing.assert_allclose(after[name], n * (1.0 - DECAY ** STEPS), rtol=2e-3)
+    assert not np.allclose(after[name], n * (1.0 - DECAY ** (STEPS - killed_at)), rtol=0.05)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -153,13 +164,13 @@ def error_lines(stderr):
   return [line for line in stderr.splitlines() if line.startswith(("error:", "warning:"))]
 
 
-def test_damaged_newest_checkpoint_then_full_disk(trained_run, data_dir, tmp_path):
-  """The newest checkpoint truncated: t2t-decoder stops with one line; t2t-trainer warns once,
-  restores the newest complete one and trains; its next save finds the disk full (a tmpfs just
-  too small where mounting is allowed, else a simulated ENOSPC): one line, non-zero exit."""
-  trained, _ = trained_run
+def test_damaged_newest_checkpoint_then_full_disk(killed_run, data_dir, tmp_path):
+  """On a copy of the SIGKILL run, its newest checkpoint truncated: t2t-decoder stops with one
+  line; t2t-trainer warns once, restores the newest complete one and trains; its next save finds
+  the disk full (a tmpfs just too small where mounting is allowed, else a simulated ENOSPC after
+  one step): one line, non-zero exit."""
   source = str(tmp_path / "copy")
-  shutil.copytree(trained, source)
+  shutil.copytree(killed_run["out"], source)
   steps = checkpoint_steps(source)
   assert len(steps) >= 2, steps
   newest, good = ["model.ckpt-%d" % s for s in steps[-1:-3:-1]]
@@ -185,7 +196,7 @@ def test_damaged_newest_checkpoint_then_full_disk(trained_run, data_dir, tmp_pat
   real_disk = mount_tmpfs(out, used + 64 * 1024 + checkpoint // 2)  # the next save cannot fit
   try:
     shutil.copytree(source, out, dirs_exist_ok=True)
-    last = steps[-1] + 2
+    last = steps[-2] + 1  # one step after the restored checkpoint, then a save
     args = ["--t2t_usr_dir=" + os.path.join(ROOT, "t2t_usr_dir"),
             "--problem=synthetic_long_range", "--model=routing_transformer",
             "--hparams_set=routing_transformer_tiny", "--data_dir=" + data_dir,
@@ -193,7 +204,7 @@ def test_damaged_newest_checkpoint_then_full_disk(trained_run, data_dir, tmp_pat
             "--schedule=train"]
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
     cmd = ([os.path.join(BIN, "t2t-trainer")] if real_disk else
-           [os.path.join(BIN, "python"), "-c", SIMULATED_FULL_DISK % steps[0]])
+           [os.path.join(BIN, "python"), "-c", SIMULATED_FULL_DISK % steps[-2]])
     trainer = subprocess.run(cmd + args, capture_output=True, text=True, cwd=ROOT, env=env,
                              timeout=600)
     lines = error_lines(trainer.stderr)

@@ -5,8 +5,9 @@ TF 2.14+ dropped three aliases from `tensorflow.python.framework.ops` that tf_sl
 cheap, and is called on `import routing_transformer` and by `t2t_usr_dir`.
 
 `patch_tensor2tensor()` additionally fixes T2T itself (Adafactor's missing `get_gradients`, the
-TPUEstimator path that imports `tf.contrib`). It imports tensor2tensor (about 10 s), so it is only
-called where T2T is used anyway: `t2t_usr_dir` and the model code.
+TPUEstimator path that imports `tf.contrib`, autograph in every model's graph build). It imports
+tensor2tensor (about 10 s), so it is only called where T2T is used anyway: `t2t_usr_dir` and the
+model code.
 """
 import sys
 import types
@@ -87,6 +88,23 @@ def _patch_tpu():
     sys.modules[name].tpu_estimator = tpu_estimator
 
 
+def _patch_autograph():
+  """Builds T2T models as the graph code they are, without autograph.
+
+  TF2's Keras runs a subclassed layer's `call` through autograph also in graph mode, so every
+  `model(features)` transpiled `T2TModel.call` and, recursively, T2T's and this project's model
+  code (about 400 functions): 15-20 s of each graph build on 2 cores. That code is TF1 graph code
+  (tf.cond / tf.while_loop, no Python control flow on tensors), so the graph is the same without
+  it; code that did need autograph would fail at graph build ("using a tf.Tensor as a Python
+  bool"), not silently differ.
+  """
+  from tensor2tensor.utils import t2t_model  # pylint: disable=g-import-not-at-top
+  from tensorflow.python.autograph.impl import api  # pylint: disable=g-import-not-at-top
+  call = t2t_model.T2TModel.__dict__["call"]
+  if not api.is_autograph_artifact(call):
+    t2t_model.T2TModel.call = api.do_not_convert(call)
+
+
 def patch_tensor2tensor():
   """Applies every fix T2T needs on TF 2.15 (idempotent)."""
   global _T2T_DONE
@@ -95,6 +113,7 @@ def patch_tensor2tensor():
     return
   _patch_adafactor()
   _patch_tpu()
+  _patch_autograph()
   _T2T_DONE = True
 
 

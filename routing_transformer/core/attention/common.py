@@ -140,6 +140,13 @@ def slice_axis(x, axis, start, size):
   return tf.slice(x, begin, sizes)
 
 
+def _check_span(what, u, keys, queries):
+  """Refuses a distance span u outside [keys + 1, keys + queries - 1] (one query: [keys, keys])."""
+  if u < keys + min(queries - 1, 1) or u > keys + queries - 1:
+    raise ValueError("%s %d must lie in [num_keys + 1, num_keys + queries - 1] = [%d, %d]."
+                     % (what, u, keys + min(queries - 1, 1), keys + queries - 1))
+
+
 def skew(rel, num_keys):
   """Distance-indexed logits to key-indexed logits (Music Transformer "skewing", no gather).
 
@@ -152,9 +159,7 @@ def skew(rel, num_keys):
     [..., q, k] with out[i, j] = rel[i, j - i + q - 1] where j - i + q - 1 < u.
   """
   q, u = rel.shape[-2], rel.shape[-1]
-  if u < num_keys + min(q - 1, 1) or u > num_keys + q - 1:
-    raise ValueError("skew: last axis %d must lie in [num_keys + 1, num_keys + queries - 1] = "
-                     "[%d, %d]." % (u, num_keys + min(q - 1, 1), num_keys + q - 1))
+  _check_span("skew: last axis", u, num_keys, q)
   if q == 1:
     return rel
   lead = _lead_dims(rel, 2)
@@ -169,9 +174,7 @@ def unskew(probs, num_distances):
   probs[i, j] at [i, j - i + q - 1]; with u < k + q - 1, the probabilities of pairs with
   j - i + q - 1 >= u land elsewhere and must be 0 (masked)."""
   q, k = probs.shape[-2], probs.shape[-1]
-  if num_distances < k + min(q - 1, 1) or num_distances > k + q - 1:
-    raise ValueError("unskew: num_distances %d must lie in [keys + 1, keys + queries - 1] = "
-                     "[%d, %d]." % (num_distances, k + min(q - 1, 1), k + q - 1))
+  _check_span("unskew: num_distances", num_distances, k, q)
   if q == 1:
     return probs
   lead = _lead_dims(probs, 2)

@@ -295,6 +295,12 @@ def _row(label, first, figs):
   return "| %s | %s |" % (" | ".join([label] + first), " | ".join(cell(f) for f in figs))
 
 
+def _tokens_row(start, first, figures, columns):
+  """The last row of a probe table: how many tokens each column scored."""
+  return "%s %d | %s |" % (start, first["baseline"]["tokens"], " | ".join(
+      str(figures[c]["tokens"]) for c in columns))
+
+
 def perturb_markdown(result):
   """Per model: perplexity [95%] of the targets with the first m tokens perturbed, by kind."""
   found = _with(result, "perturb")
@@ -315,8 +321,7 @@ def perturb_markdown(result):
       lines.append("| %s | tokens dropped per input (drop = control) | | %s |" % (
           label, " | ".join("%.1f" % f["dropped"][m]["mean"] for m in ms)))
   first = found[0][1]
-  lines.append("| tokens | | %d | %s |" % (first["baseline"]["tokens"], " | ".join(
-      str(next(iter(first["kinds"].values()))[m]["tokens"]) for m in ms)))
+  lines.append(_tokens_row("| tokens | |", first, next(iter(first["kinds"].values())), ms))
   return "\n".join(lines) + "\n"
 
 
@@ -335,8 +340,7 @@ def copy_markdown(result):
   for label, f in found:
     lines.append(_row(label, [cell(f["baseline"])], [f["distances"].get(d) for d in ds]))
   first = found[0][1]
-  lines.append("| tokens | %d | %s |" % (first["baseline"]["tokens"], " | ".join(
-      str(first["distances"][d]["tokens"]) for d in ds)))
+  lines.append(_tokens_row("| tokens |", first, first["distances"], ds))
   return "\n".join(lines) + "\n"
 
 

@@ -1,0 +1,45 @@
+"""benchmarks/retrieval_study.py's look-up diagnostics against hand-built routing geometry."""
+import importlib.util
+import os
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def study():
+  spec = importlib.util.spec_from_file_location(
+      "retrieval_study", os.path.join(ROOT, "benchmarks", "retrieval_study.py"))
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+def test_top_window_np_picks_the_best_positions_per_cluster():
+  scores = np.array([[[[0.1, 0.9, 0.5, 0.3], [0.8, 0.0, 0.2, 0.7]]]])  # [1, 1, 2, 4]
+  members = study().top_window_np(scores, 2)
+  np.testing.assert_array_equal(members[0, 0], [[False, True, True, False],
+                                                [True, False, False, True]])
+
+
+def test_lookup_diagnostics_on_hand_built_vectors():
+  """Two sequences of 8 positions, centroids e0 and e1, window 4, reach 3.
+  Sequence 0: query token at 6 and its item at 2 both along e0: they share cluster e0 and the
+  item is the only earlier key the query is close to (beats all 5 others).
+  Sequence 1: query at 6 along e1, item at 1 along -e1; cluster e0 is exactly positions 2-5, cluster
+  e1 holds 6 and never 1 (its lowest score): no shared cluster, the item beats no other key."""
+  d = 4
+  e = np.eye(d) * np.sqrt(d)  # normalised vectors have |x|^2 = d
+  q = np.zeros((2, 1, 8, d))
+  q[0, 0] = [e[2], e[3], e[0], e[2], e[3], e[2], e[0], e[3]]
+  q[1, 0] = [e[2], -e[1], e[0], e[0], e[0], e[0], e[1], e[3]]
+  means = np.stack([e[0], e[1]])[None] / np.sqrt(d)  # [1, 2, d]
+  dists = -np.ones((2, 8), np.int64)
+  dists[0, 7] = 4  # answer at 7: query token at 6, item at 2
+  dists[1, 7] = 5  # answer at 7: query token at 6, item at 1
+  out = study().lookup_diagnostics(q, q, means, 4, dists, reach=3)
+  assert out == {"item_cocluster": 0.5, "query_in_cluster": 1.0, "item_cosine": 0.0,
+                 "other_cosine": 0.0, "item_rank": 0.5}
+  dists[1, 7] = 2  # a near look-up is left out
+  assert study().lookup_diagnostics(q, q, means, 4, dists, reach=3)["item_cocluster"] == 1.0
+  assert study().lookup_diagnostics(q, q, means, 4, dists, reach=10) == {}
