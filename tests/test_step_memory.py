@@ -222,6 +222,20 @@ def test_train_logits_are_not_sliced_and_give_the_eval_loss(rng):
     assert not relaid, relaid
 
 
+def test_train_logits_are_sliced_when_the_loss_needs_the_targets_length(rng):
+  """With targets_mask (T2T multiplies the [b, 40] mask into the loss weights), TRAIN slices the
+  logits to the targets' length as before; its loss is the EVAL loss (the same mask)."""
+  mask = np.ones((2, 40), np.float32)
+  mask[:, 30:] = 0.0
+  features = {"targets": random_targets(rng, length=40), "targets_mask": mask}
+  before, loss, _, logits = model_step(small_hparams(), features)
+  _, loss_eval, _, _ = model_step(small_hparams(), features, before, mode=EVAL)
+  _, loss_unmasked, _, _ = model_step(small_hparams(), {"targets": features["targets"]}, before)
+  assert logits.shape == (2, 40, 1, 1, VOCAB)
+  np.testing.assert_allclose(loss, loss_eval, rtol=1e-6)
+  assert abs(loss - loss_unmasked) > 1e-4  # the mask counts
+
+
 def test_chunked_loss_refuses_what_it_does_not_compute(rng):
   features = {"targets": random_targets(rng), "targets_mask": np.ones((2, 64), np.float32)}
   with tf.Graph().as_default():

@@ -283,10 +283,11 @@ class RoutingTransformer(t2t_model.T2TModel):
     overrides = self.hparams.get("weights_fn", None) or {}
     return overrides.get("targets", modalities.get_weights_fn(modality))
 
-  def check_chunked_loss(self, features):
-    """Raises HParamsError unless T2T's loss of these features is the one `chunked_training_loss`
-    computes: the targets modality's generic cross-entropy with weights_nonzero (no loss or
-    weights_fn override, targets_mask, loss cutoff, multi-problem or scheduled sampling)."""
+  def plain_loss_problems(self, features):
+    """Why T2T's training loss of these features is not the targets modality's generic
+    cross-entropy with weights_nonzero (a loss or weights_fn override, targets_mask, a loss
+    cutoff, a multi-problem, scheduled sampling): [] when it is. Only that loss can take logits
+    longer than the targets (it pads them with weight-0 zeros) or be computed chunk by chunk."""
     hparams = self.hparams
     modality = self._problem_hparams.modality["targets"]
     loss = (hparams.get("loss", None) or {}).get("targets", modalities.get_loss(modality))
@@ -304,9 +305,15 @@ class RoutingTransformer(t2t_model.T2TModel):
       problems.append("the problem is a multi-problem")
     if hparams.get("scheduled_sampling_prob", 0.0) > 0.0:
       problems.append("scheduled_sampling_prob > 0 needs the logits")
+    return problems
+
+  def check_chunked_loss(self, features):
+    """Raises HParamsError unless T2T's loss of these features is the one `chunked_training_loss`
+    computes (`plain_loss_problems`)."""
+    problems = self.plain_loss_problems(features)
     if problems:
       raise HParamsError("logits_chunk_size=%d computes T2T's cross-entropy chunk by chunk, but "
-                         "%s; set logits_chunk_size=0" % (hparams.logits_chunk_size,
+                         "%s; set logits_chunk_size=0" % (self.hparams.logits_chunk_size,
                                                           " and ".join(problems)))
 
   def chunked_training_loss(self, x, kernel, bias, targets):
@@ -367,7 +374,7 @@ class RoutingTransformer(t2t_model.T2TModel):
       output = self.output_layer(x)
       losses["training"] = self.chunked_training_loss(*output, ids)
       logits = chunked_loss.project(*output)
-    elif self.is_train and self.loss_weights_fn() is common_layers.weights_nonzero:
+    elif self.is_train and not self.plain_loss_problems(features):
       # T2T's loss pads the targets with 0 (weight 0) to the logits' length: no slice (whose
       # gradient would copy the [b, n, vocab] gradient into a new tensor).
       logits = self.logits(x)
