@@ -12,14 +12,12 @@ contiguous run in sequence order, so query s (sorted index) attends to sorted in
 Cost O(n w d).
 
 Exactness: a query's slot inside its block depends on how many positions, later ones included,
-sit in lower clusters, so every slot must compute a query's output bit for bit the same. With
-2w keys a query's w window entries (the others are exact zeros after the softmax's exp) sit at
-w consecutive slots of a row of 2w; when w is a multiple of the SIMD width the row is whole
-vector packets and a shift of the query's slot only rotates the lanes the sums (softmax
-denominator) add them in, which the pairwise lane reduction does not notice; the weights x
-values matmul adds the nonzero terms in key order in every slot. Blocks of w / 2 scoring 1.5w
-keys leave a partial packet (1.5w = 24 at w = 16 with 16-lane AVX-512), and earlier logits then
-moved by ~1e-7 when later tokens changed (`tests/test_keras.py`), so the scoring keeps 2w.
+sit in lower clusters, so every slot must give a query's output bit for bit the same. Blocks of
+w scoring 2w keys do (`tests/test_step_memory.py`, `tests/test_keras.py`): a query's window is
+w consecutive slots of its row and every other entry is an exact zero. Blocks of w / 2 scoring
+1.5w keys did not: earlier logits moved by ~1e-7 when later tokens changed
+(`tests/test_keras.py`, w = 16, AVX2), so some row sum then depends on the query's slot; the
+scoring keeps 2w.
 Logits are unscaled q_hat . k_hat (as in paper routing); relative positions use the distance in
 the cluster's order (the rank distance of paper routing).
 """
