@@ -463,7 +463,8 @@ def test_causal_window_self_weight_is_a_diagonal_and_look_back_is_not_strided(rn
     out, _ = cw.causal_window_attention(qt, qt, qt, mu, window)
     tf1.gradients(tf.reduce_sum(out), [qt])
     ops = graph.get_operations()
-    widths = {op.outputs[0].shape[-1] for op in ops if op.type == "Softmax"}
+    widths = {op.outputs[0].shape[-1] for op in ops if op.type == "Cumsum" and
+              not op.name.startswith("gradients")}  # the softmax's ordered denominator
     masked_products = [op.name for op in ops if op.type == "Mul" and
                        op.outputs[0].shape.rank == 5 and op.outputs[0].dtype.is_floating and
                        not op.name.startswith("gradients")]
@@ -472,6 +473,32 @@ def test_causal_window_self_weight_is_a_diagonal_and_look_back_is_not_strided(rn
   assert widths == {2 * window}
   assert not masked_products and len(diagonals) == 1
   assert not strided, strided
+
+
+def test_ordered_softmax_equals_the_softmax_and_its_gradient(rng):
+  """common.ordered_softmax (causal_window's: a sequential denominator) against tf.nn.softmax of
+  the masked logits, float64: values and gradients; a row with nothing allowed is uniform as
+  with masked_softmax; and a row's values do not move when its entries shift within the row."""
+  logits = tf.constant(rng.standard_normal((3, 4, 40)) * 3.0)
+  allowed = tf.constant(rng.random((3, 4, 40)) < 0.6)
+  allowed = tf.concat([allowed[:, :3], tf.zeros([3, 1, 40], tf.bool)], axis=1)  # empty rows
+  cotangent = tf.constant(rng.standard_normal((3, 4, 40)))
+  with tf.GradientTape(persistent=True) as tape:
+    tape.watch(logits)
+    got = common.ordered_softmax(logits, allowed)
+    want = common.masked_softmax(logits, allowed)
+    loss, loss_want = tf.reduce_sum(got * cotangent), tf.reduce_sum(want * cotangent)
+  np.testing.assert_allclose(got, want, rtol=1e-14, atol=1e-15)
+  np.testing.assert_allclose(got[:, 3], np.full((3, 40), 1 / 40), rtol=1e-14)
+  np.testing.assert_allclose(tape.gradient(loss, logits), tape.gradient(loss_want, logits),
+                             rtol=1e-12, atol=1e-14)
+  window = rng.standard_normal(37).astype(np.float32)  # 37 entries shifted through 64 slots
+  rows = np.full((27, 64), -1e30, np.float32)
+  for shift in range(27):
+    rows[shift, shift:shift + 37] = window
+  probs = common.ordered_softmax(tf.constant(rows), tf.constant(rows > -1e29)).numpy()
+  for shift in range(27):
+    np.testing.assert_array_equal(probs[shift, shift:shift + 37], probs[0, :37])
 
 
 def sorted_offsets(clusters, block):
@@ -487,7 +514,8 @@ def test_causal_window_earlier_outputs_are_bit_exact_when_later_positions_change
     rng, window, relative, share_qk):
   """Strict causality holds exactly, not within a tolerance: new q, k, v after position t move
   the earlier queries to other slots of the cluster-sorted blocks (the clusters of the later
-  positions change), and every output up to t stays bit for bit the same (eager and graph)."""
+  positions change), and every output up to t stays bit for bit the same (eager and graph; at
+  w >= 32 only with the ordered softmax denominator)."""
   n, heads, depth = 128, 2, 8
   q, k, v = [rng.standard_normal((1, heads, n, depth)).astype(np.float32) for _ in range(3)]
   mu = rng.standard_normal((heads, max(2, n // window), depth)).astype(np.float32)
@@ -534,8 +562,8 @@ def topk_cluster_attention(q, v, mu, window, causal, exclude_self, compare):
 @pytest.mark.parametrize("causal,exclude_self", [(True, False), (True, True), (False, True)])
 def test_topk_self_mask_from_a_static_identity_is_exact(rng, causal, exclude_self):
   """With the key members the query members, "is self" is the identity [w, w] and the self
-  weight the diagonal: outputs, self weights and gradients bit for bit those of the [b, h, c, w,
-  w] member-index comparisons (float64), and no rank-5 comparison is built."""
+  weight the diagonal: outputs and self weights bit for bit those of the [b, h, c, w, w]
+  member-index comparisons, gradients equal (float64), and no rank-5 comparison is built."""
   q, v = [tf.constant(rng.standard_normal((2, 2, 32, 8))) for _ in range(2)]
   mu = tf.constant(rng.standard_normal((2, 4, 8)))
   results = []
@@ -545,9 +573,16 @@ def test_topk_self_mask_from_a_static_identity_is_exact(rng, causal, exclude_sel
       out, self_weight = topk_cluster_attention(q, v, mu, 8, causal, exclude_self, compare)
       loss = tf.reduce_sum(out * tf.sin(tf.range(8, dtype=out.dtype)))
     results.append([out, self_weight] + tape.gradient(loss, [q, v]))
-  for got, want in zip(*results):
+  (out, self_weight, dq, dv), (out_ref, self_weight_ref, dq_ref, dv_ref) = results
+  np.testing.assert_array_equal(out.numpy(), out_ref.numpy())
+  np.testing.assert_array_equal(self_weight.numpy(), self_weight_ref.numpy())
+  if not exclude_self:  # then a routed query's weight on itself is positive
+    assert self_weight.numpy().max() > 0
+  # The reference gathers the keys apart from the queries, so q's gradient adds the two gathers'
+  # gradients in another order: equal up to float64 rounding.
+  for got, want in ((dq, dq_ref), (dv, dv_ref)):
     assert np.abs(want.numpy()).max() > 0
-    np.testing.assert_array_equal(got.numpy(), want.numpy())
+    np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-12, atol=1e-15)
   graph = tf.Graph()
   with graph.as_default():
     topk_cluster_attention(q.numpy(), v.numpy(), mu.numpy(), 8, causal, exclude_self, False)

@@ -12,12 +12,13 @@ contiguous run in sequence order, so query s (sorted index) attends to sorted in
 Cost O(n w d).
 
 Exactness: a query's slot inside its block depends on how many positions, later ones included,
-sit in lower clusters, so every slot must give a query's output bit for bit the same. Blocks of
-w scoring 2w keys do (`tests/test_step_memory.py`, `tests/test_keras.py`): a query's window is
-w consecutive slots of its row and every other entry is an exact zero. Blocks of w / 2 scoring
-1.5w keys did not: earlier logits moved by ~1e-7 when later tokens changed
-(`tests/test_keras.py`, w = 16, AVX2), so some row sum then depends on the query's slot; the
-scoring keeps 2w.
+sit in lower clusters, so every slot must give a query's output bit for bit the same. A query's
+window is w consecutive slots of its row, every other entry an exact zero; the weights x values
+matmul adds the row in key order whatever the slot, but a vectorised softmax reduction does
+not (earlier outputs moved by up to ~1e-6 at w >= 32 on AVX2), so the softmax's denominator is a
+sequential sum (`common.ordered_softmax`). The scoring keeps 2w keys per query: blocks of w / 2
+scoring 1.5w keys moved earlier logits by ~1e-7 in `tests/test_keras.py` (w = 16, with the
+vectorised softmax; not retried with the sequential one).
 Logits are unscaled q_hat . k_hat (as in paper routing); relative positions use the distance in
 the cluster's order (the rank distance of paper routing).
 """
@@ -124,7 +125,7 @@ def causal_window_attention(q, k, v, centroids, window, share_qk=True, padding=N
   logits = common.scale_logits(logits, logit_scale)
   if exclude_self:  # the query's own slot is at sorted distance 0
     allowed = common.exclude_self(allowed, tf.equal(distance, 0))
-  probs = common.masked_softmax(logits, allowed)
+  probs = common.ordered_softmax(logits, allowed)  # the same in every slot of a block
   dropped = common.attention_dropout(probs, dropout_rate)
   out = tf.einsum("bhnqk,bhnkd->bhnqd", dropped, v_s)
   if relative_values is not None:

@@ -33,6 +33,23 @@ def masked_softmax(logits, allowed):
   return tf.nn.softmax(tf.where(allowed, logits, mask_value(logits.dtype)))
 
 
+def ordered_softmax(logits, allowed):
+  """`masked_softmax` whose denominator adds each row in key order (the last entry of a
+  cumulative sum, a sequential scan), not in the order of a vectorised reduction: a row's
+  probabilities are then bit for bit the same wherever its allowed entries sit in the row (the
+  masked entries add exact zeros), which a reduction over SIMD lanes and accumulators does not
+  give once a row spans several packets (causal_window at w >= 32 on AVX2). The row maximum is
+  exact in any order and carries no gradient (the softmax does not depend on it).
+
+  Args and returns as `masked_softmax`.
+  """
+  x = tf.where(allowed, logits, mask_value(logits.dtype))
+  e = tf.exp(x - tf.stop_gradient(tf.reduce_max(x, axis=-1, keepdims=True)))
+  last = e.shape.rank - 1
+  total = slice_axis(tf.cumsum(e, axis=last), last, e.shape[-1] - 1, 1)  # [..., 1]
+  return e / total
+
+
 def attention_dropout(probs, rate):
   """Attention dropout on the softmax weights (hparam `attention_dropout`, TRAIN mode only).
 
