@@ -17,8 +17,9 @@ window is w consecutive slots of its row, every other entry an exact zero; the w
 matmul adds the row in key order whatever the slot, but a vectorised softmax reduction does
 not (earlier outputs moved by up to ~1e-6 at w >= 32 on AVX2), so the softmax's denominator is a
 sequential sum (`common.ordered_softmax`). The scoring keeps 2w keys per query: blocks of w / 2
-scoring 1.5w keys moved earlier logits by ~1e-7 in `tests/test_keras.py` (w = 16, with the
-vectorised softmax; not retried with the sequential one).
+scoring 1.5w keys are not exact even with that softmax (earlier outputs moved by up to ~1e-6 at
+w = 8, 16, 64 and 10 on AVX2; exact only at w = 6 and 32), so some other row sum of that layout
+depends on the slot.
 Logits are unscaled q_hat . k_hat (as in paper routing); relative positions use the distance in
 the cluster's order (the rank distance of paper routing).
 """
