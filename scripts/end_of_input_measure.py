@@ -1,9 +1,11 @@
 """End-of-input artifact: loss by position vs N, and non-causality, for one checkpoint.
 
-usage: end_of_input_measure.py RUN_DIR HPARAMS_SET HPARAMS OUT_NPZ MAX_WINDOWS
+    python scripts/end_of_input_measure.py RUN_DIR HPARAMS_SET HPARAMS OUT_NPZ MAX_WINDOWS
+
+(docs/probes_end_of_input.md, appendix: BOOKS and DATA are the folders of its commands.)
 """
+import argparse
 import glob
-import sys
 import time
 
 import numpy as np
@@ -15,8 +17,13 @@ VOCAB = DATA + "/vocab.pg19_length2k.4096.subwords"
 L, NS, CUT, TAIL = 2048, (512, 1024, 2048), 64, 64
 
 
-def main():
-  run_dir, hparams_set, hparams, out, max_windows = sys.argv[1:6]
+def main(argv=None):
+  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  for name in ("run_dir", "hparams_set", "hparams", "out", "max_windows"):
+    parser.add_argument(name)
+  args = parser.parse_args(argv)
+  run_dir, hparams_set, hparams, out, max_windows = (
+      args.run_dir, args.hparams_set, args.hparams, args.out, args.max_windows)
   t0 = time.time()
   scorer = score.Scorer(run_dir, hparams_set, VOCAB, hparams=hparams, batch_size=4,
                         reading="whole_text")  # the books as that datagen read them
