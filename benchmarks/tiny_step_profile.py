@@ -59,9 +59,10 @@ def build(hparams_set, xla):
 
 
 def op_times(step_stats, top=12):
-  """{"by_op": [(op type, ms)], "by_part": {forward/backward/optimizer: ms}} summed over the
-  compute threads of one traced step (sums exceed wall time when ops run in parallel)."""
-  by_op, by_part = collections.Counter(), collections.Counter()
+  """{"by_op": [(op type, ms)], "by_part": {forward/backward/optimizer: ms}, "mb_by_op": [(op
+  type, MB of outputs allocated)], "total_ms", "total_mb"} summed over the compute threads of
+  one traced step (time sums exceed wall time when ops run in parallel)."""
+  by_op, by_part, mb_by_op = collections.Counter(), collections.Counter(), collections.Counter()
   for device in step_stats.dev_stats:
     for node in device.node_stats:
       ms = (node.all_end_rel_micros or node.op_end_rel_micros) / 1000.0
@@ -72,8 +73,12 @@ def op_times(step_stats, top=12):
       part = ("backward" if "gradients" in name else
               "optimizer" if name.startswith("training/") else "forward")
       by_part[part] += ms
+      mb_by_op[op] += sum(o.tensor_description.allocation_description.requested_bytes
+                          for o in node.output) / 2.0 ** 20
   return {"by_op": [(k, round(v, 2)) for k, v in by_op.most_common(top)],
-          "by_part": {k: round(v, 2) for k, v in by_part.items()}}
+          "by_part": {k: round(v, 2) for k, v in by_part.items()},
+          "mb_by_op": [(k, round(v, 1)) for k, v in mb_by_op.most_common(top)],
+          "total_ms": round(sum(by_op.values()), 2), "total_mb": round(sum(mb_by_op.values()), 1)}
 
 
 def main(argv=None):

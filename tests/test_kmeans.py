@@ -8,6 +8,7 @@ import tensorflow as tf
 
 from routing_transformer.core import attention
 from routing_transformer.core import kmeans
+import oracles
 import reference
 
 EPS = 1e-5
@@ -236,22 +237,6 @@ def test_legacy_counts_equal_the_original_reshape(heads, length):
   assert np.allclose(want, per_head) == (heads == 1)
 
 
-def _original_ema_step(x, weights, means, ema_count, ema_means, decay, legacy=True):
-  """One TRAIN step of the original's online_kmeans (utils.py, EMA branch) in float64: argmax of
-  x . mu, one-hot masked by padding, counts by the [-1, h, c] reshape (legacy) or per head, sums
-  per head, assign_moving_average (var - (var - value) * (1 - decay)) of both, Laplace-smoothed
-  counts, means = ema_means / smoothed counts. Returns (means, ema_count, ema_means, clusters)."""
-  heads, num_clusters = means.shape[:2]
-  clusters = np.einsum("bhnd,hcd->bhnc", x, means).argmax(-1)
-  hot = np.eye(num_clusters)[clusters] * weights[:, None, :, None]
-  count = (hot.reshape(-1, heads, num_clusters).sum(0) if legacy else hot.sum((0, 2)))
-  ema_count = ema_count - (ema_count - count) * (1 - decay)
-  ema_means = ema_means - (ema_means - np.einsum("bhnc,bhnd->hcd", hot, x)) * (1 - decay)
-  total = ema_count.sum(-1, keepdims=True)
-  smoothed = (ema_count + EPS) / (total + num_clusters * EPS) * total
-  return ema_means / smoothed[..., None], ema_count, ema_means, clusters
-
-
 def test_three_legacy_steps_match_the_original_update():
   """legacy_counts: three steps of the model's update path (KMeansStep, shard_update) from the same
   centroids and batches equal a NumPy restatement of the original's update, step by step."""
@@ -275,11 +260,11 @@ def test_three_legacy_steps_match_the_original_update():
       for x in batches:
         got_clusters, _ = sess.run([clusters, update], {x_ph: x})
         got = sess.run([km.means, km.ema_count, km.ema_means])
-        *state, want_clusters = _original_ema_step(x, weights, *state, decay)
+        *state, want_clusters = oracles.original_ema_step(x, weights, *state, decay)
         np.testing.assert_array_equal(got_clusters, want_clusters)
         for got_value, want_value in zip(got, state):
           np.testing.assert_allclose(got_value, want_value, rtol=2e-6, atol=1e-7)
-        per_head = _original_ema_step(x, weights, *per_head, decay, legacy=False)[:3]
+        per_head = oracles.original_ema_step(x, weights, *per_head, decay, legacy=False)[:3]
   assert not np.allclose(per_head[1], state[1], rtol=1e-3)  # the switch changes the counts
 
 
