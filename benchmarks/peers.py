@@ -14,7 +14,8 @@ the same intra-op thread count (--threads, default: all cores):
   one step = forward over `length` tokens, cross-entropy + its auxiliary (commitment) loss,
   backward (its k-means EMA update runs in the backward hook), torch.optim.Adafactor.
 - ours: the "routing" (topk) model of benchmarks/train_step.py (the whole T2T training step with
-  Adafactor); --ours adds variants (routing_recompute: recompute_layers=True; routing_chunked:
+  Adafactor); --ours adds variants (NAME_xla: the same under XLA auto-clustering, for routing and
+  routing_recompute_chunked; routing_recompute: recompute_layers=True; routing_chunked:
   logits_chunk_size=1024; routing_recompute_chunked: both; routing_norel:
   max_relative_position=0; local: 8 local heads).
 
@@ -27,7 +28,9 @@ the same count for the peer, whose model is bench-8k without Shaw relative posit
 dense matmul rate of the side's own framework.
 
 Prints one JSON line per record, the ratios ours / peer, a markdown table, and writes
-benchmarks/results/peers.json.
+benchmarks/results/peers.json. `--profile` then traces one more step on each side (after the
+timing and the peak are read): op time and memory allocated by op type, from TF's RunMetadata
+and torch.profiler, with the share of time in dense matmuls (docs/performance.md).
 """
 import argparse
 import json
@@ -76,10 +79,54 @@ OURS = {  # name -> (train_step.py model, hparams overrides)
     "routing_norel": ("routing", {"max_relative_position": 0}),
     "local": ("local", {}),
 }
+for _name in ("routing", "routing_recompute_chunked"):  # the same under XLA auto-clustering
+  OURS[_name + "_xla"] = OURS[_name]
 MATMUL = 2048
 
 
-def peer_worker(steps, length, threads, warmup):
+TF_MATMUL_OPS = ("MatMul", "BatchMatMul", "BatchMatMulV2", "BatchMatMulV3", "_FusedMatMul",
+                 "Einsum", "Conv2D")
+TORCH_MATMUL_OPS = ("aten::mm", "aten::bmm", "aten::addmm", "aten::baddbmm", "aten::linear",
+                    "aten::matmul", "aten::einsum")
+
+
+def matmul_share(by_op, matmul_ops):
+  """Share of the summed op time spent in dense matmul ops: [(op, ms)] -> float."""
+  total = sum(ms for _, ms in by_op)
+  return sum(ms for op, ms in by_op if op in matmul_ops) / total if total else 0.0
+
+
+def torch_op_profile(step, top=15):
+  """One step under torch.profiler (CPU): self time and net memory allocated per op type."""
+  from torch import profiler  # pylint: disable=g-import-not-at-top
+  with profiler.profile(activities=[profiler.ProfilerActivity.CPU], profile_memory=True) as prof:
+    step()
+  events = list(prof.key_averages())
+  by_time = sorted(events, key=lambda e: e.self_cpu_time_total, reverse=True)
+  by_mb = sorted(events, key=lambda e: e.self_cpu_memory_usage, reverse=True)
+  every = [(e.key, e.self_cpu_time_total / 1000.0) for e in events]
+  return {"by_op": [(e.key, round(e.self_cpu_time_total / 1000.0, 2)) for e in by_time[:top]],
+          "mb_by_op": [(e.key, round(e.self_cpu_memory_usage / 2.0 ** 20, 1))
+                       for e in by_mb[:top]],
+          "total_ms": round(sum(ms for _, ms in every), 2),
+          "total_mb": round(sum(max(e.self_cpu_memory_usage, 0) for e in events) / 2.0 ** 20, 1),
+          "matmul_share": round(matmul_share(every, TORCH_MATMUL_OPS), 3)}
+
+
+def tf_op_profile(run, top=15):
+  """One traced step of ours (tf1 RunMetadata): op time and output MB per op type."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  import tiny_step_profile  # pylint: disable=g-import-not-at-top
+  tf1 = tf.compat.v1
+  metadata = tf1.RunMetadata()
+  run(options=tf1.RunOptions(trace_level=tf1.RunOptions.FULL_TRACE), run_metadata=metadata)
+  every = tiny_step_profile.op_times(metadata.step_stats, top=10 ** 6)
+  out = tiny_step_profile.op_times(metadata.step_stats, top=top)
+  out["matmul_share"] = round(matmul_share(every["by_op"], TF_MATMUL_OPS), 3)
+  return out
+
+
+def peer_worker(steps, length, threads, warmup, profile=False):
   """Runs inside the peer venv (no TensorFlow): times the PyTorch training step."""
   import warnings  # pylint: disable=g-import-not-at-top
   warnings.filterwarnings("ignore")
@@ -106,11 +153,14 @@ def peer_worker(steps, length, threads, warmup):
     optimizer.zero_grad(set_to_none=True)
 
   seconds = _median_time(step, steps, warmup)
-  return {"record": "point", "side": "peer", "name": "peer",
-          "package": "routing-transformer 1.6.1", "torch": torch.__version__,
-          "threads": torch.get_num_threads(), "seconds_per_step": seconds,
-          "tokens_per_sec": length / seconds, "peak_rss_mb": common.peak_rss_mb(),
-          "parameters": sum(p.numel() for p in model.parameters()), "steps": steps}
+  record = {"record": "point", "side": "peer", "name": "peer",
+            "package": "routing-transformer 1.6.1", "torch": torch.__version__,
+            "threads": torch.get_num_threads(), "seconds_per_step": seconds,
+            "tokens_per_sec": length / seconds, "peak_rss_mb": common.peak_rss_mb(),
+            "parameters": sum(p.numel() for p in model.parameters()), "steps": steps}
+  if profile:  # after the peak is read: the profiler's own memory is not counted
+    record["profile"] = torch_op_profile(step)
+  return record
 
 
 def _median_time(fn, steps, warmup):
@@ -145,7 +195,7 @@ def tf_matmul_worker(threads):
           "threads": threads, "size": MATMUL, "gflops": common.matmul_gflops(MATMUL)}
 
 
-def ours_worker(name, steps, length, threads, warmup):
+def ours_worker(name, steps, length, threads, warmup, profile=False):
   """Times one of our configurations (OURS) in this process: the T2T step of train_step.py."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   import common  # pylint: disable=g-import-not-at-top
@@ -153,30 +203,54 @@ def ours_worker(name, steps, length, threads, warmup):
   common.start("peers_ours", config="bench-8k", length=length)
   tf.config.threading.set_intra_op_parallelism_threads(threads)  # read by tf1.Session too
   model, overrides = OURS[name]
+  xla = name.endswith("_xla")
   started = time.perf_counter()
-  run, params = train_step.build_train_step(model, length, overrides)
+  run, params = train_step.build_train_step(model, length, overrides, xla=xla)
   build = time.perf_counter() - started
   started = time.perf_counter()
   run()  # the first step (graph optimisation, allocations)
   first = time.perf_counter() - started
   seconds = _median_time(run, steps, max(warmup - 1, 0))
-  return {"record": "point", "side": "ours", "name": name,
-          "model": "%s, train_step.py%s" % (model, "".join(
-              ", %s=%s" % kv for kv in sorted(overrides.items()))),
-          "tensorflow": tf.__version__, "threads": threads, "seconds_per_step": seconds,
-          "tokens_per_sec": length / seconds, "peak_rss_mb": common.peak_rss_mb(),
-          "graph_build_seconds": build, "first_step_seconds": first,
-          "tf_cpu_allocator_bfc": os.environ.get("TF_CPU_ALLOCATOR_USE_BFC", ""),
-          "useful_flops_per_token": train_step.useful_flops_per_token(
-              train_step.model_hparams(model, length, overrides), train_step.VOCAB),
-          "parameters": params, "steps": steps}
+  record = {"record": "point", "side": "ours", "name": name,
+            "model": "%s, train_step.py%s%s" % (model, "".join(
+                ", %s=%s" % kv for kv in sorted(overrides.items())), ", XLA" if xla else ""),
+            "tensorflow": tf.__version__, "threads": threads, "seconds_per_step": seconds,
+            "tokens_per_sec": length / seconds, "peak_rss_mb": common.peak_rss_mb(),
+            "graph_build_seconds": build, "first_step_seconds": first,
+            "tf_cpu_allocator_bfc": os.environ.get("TF_CPU_ALLOCATOR_USE_BFC", ""),
+            "useful_flops_per_token": train_step.useful_flops_per_token(
+                train_step.model_hparams(model, length, overrides), train_step.VOCAB),
+            "parameters": params, "steps": steps}
+  if profile:  # after the peak is read: the trace's own memory is not counted
+    record["profile"] = tf_op_profile(run)
+  return record
+
+
+def profile_table(records, top=12):
+  """Markdown: the top op types by time and by memory of each side's traced step."""
+  lines = []
+  for name, r in records.items():
+    p = r.get("profile")
+    if not p:
+      continue
+    lines.append("\n%s: summed op time %.0f ms (wall %.0f ms), matmul share %.2f; outputs "
+                 "allocated %.0f MB\n\n| op (time) | ms | share | op (memory) | MB |\n"
+                 "|---|---|---|---|---|" % (name, p["total_ms"], 1000 * r["seconds_per_step"],
+                                             p["matmul_share"], p["total_mb"]))
+    for i in range(min(top, max(len(p["by_op"]), len(p["mb_by_op"])))):
+      t = p["by_op"][i] if i < len(p["by_op"]) else ("", 0.0)
+      m = p["mb_by_op"][i] if i < len(p["mb_by_op"]) else ("", 0.0)
+      lines.append("| %s | %.0f | %.2f | %s | %.0f |" % (t[0], t[1], t[1] / p["total_ms"],
+                                                          m[0], m[1]))
+  return "\n".join(lines)
 
 
 def run_worker(python, kind, args, name=None):
   """Runs `kind` in a fresh process of `python`; returns its last JSON line."""
   command = [python, os.path.abspath(__file__), "--worker", kind, "--steps", str(args.steps),
              "--warmup", str(args.warmup), "--length", str(args.length), "--threads",
-             str(args.threads)] + (["--name", name] if name else [])
+             str(args.threads)] + (["--name", name] if name else []) + (
+                 ["--profile"] if args.profile else [])
   # The peer venv runs from inside itself: from the repo root `routing_transformer` is ours.
   cwd = os.path.dirname(python) if python != sys.executable else HERE
   done = subprocess.run(command, capture_output=True, text=True, cwd=cwd)
@@ -197,18 +271,22 @@ def main(argv=None):
   parser.add_argument("--worker", choices=["peer", "ours", "tf_matmul", "torch_matmul"],
                       help=argparse.SUPPRESS)
   parser.add_argument("--name", help=argparse.SUPPRESS)
+  parser.add_argument("--profile", action="store_true",
+                      help="also trace one step per side after timing: op time and memory by "
+                      "op type (TF RunMetadata, torch.profiler)")
   parser.add_argument("--out", default=os.path.join(HERE, "results"))
   args = parser.parse_args(argv)
   if args.worker:
     sys.path.insert(0, HERE)
     if args.worker == "peer":  # inside the peer venv
-      record = peer_worker(args.steps, args.length, args.threads, args.warmup)
+      record = peer_worker(args.steps, args.length, args.threads, args.warmup, args.profile)
     elif args.worker == "torch_matmul":
       record = torch_matmul_worker(args.threads)
     elif args.worker == "tf_matmul":
       record = tf_matmul_worker(args.threads)
     else:
-      record = ours_worker(args.name, args.steps, args.length, args.threads, args.warmup)
+      record = ours_worker(args.name, args.steps, args.length, args.threads, args.warmup,
+                           args.profile)
     print(json.dumps(record))
     return
 
@@ -265,6 +343,8 @@ def main(argv=None):
     print("\nours (%s) / peer: tokens/s %.2f, peak RSS %.2f" % (
         name, ratios["tokens_per_sec_%s_over_peer" % name],
         ratios["peak_rss_%s_over_peer" % name]))
+  if args.profile:
+    print(profile_table(dict(mine, peer=peer)))
   common.save(args.out, "peers.json", {"machine": info, "matmul": matmul, "ours": mine,
                                        "peer": peer, "ratio": ratios})
 

@@ -110,9 +110,10 @@ def useful_flops_per_token(hparams, vocab):
   return 3.0 * flops / n
 
 
-def build_train_step(name, length, overrides=None, vocab=VOCAB):
+def build_train_step(name, length, overrides=None, vocab=VOCAB, xla=False):
   """(run_step fn, parameter count) for one model (see KINDS) in its own graph and session;
-  `overrides`: optional {hparam: value} set on top (e.g. recompute_layers=True)."""
+  `overrides`: optional {hparam: value} set on top (e.g. recompute_layers=True); `xla`: XLA
+  auto-clustering of the session (global_jit_level ON_1, the CPU proxy of --xla_compile)."""
   import numpy as np  # pylint: disable=g-import-not-at-top
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   from routing_transformer.t2t import model as model_lib  # pylint: disable=g-import-not-at-top
@@ -130,12 +131,15 @@ def build_train_step(name, length, overrides=None, vocab=VOCAB):
     loss = losses["training"] + losses["extra_loss"]
     train_op = optimize.optimize(loss, tf.constant(0.01), hparams, use_tpu=False)
     params = sum(int(np.prod(v.shape)) for v in tf1.trainable_variables())
-    sess = tf1.Session(graph=graph)
+    config = tf1.ConfigProto()
+    if xla:
+      config.graph_options.optimizer_options.global_jit_level = tf1.OptimizerOptions.ON_1
+    sess = tf1.Session(graph=graph, config=config)
     sess.run(tf1.global_variables_initializer())
   feed = {targets: np.random.default_rng(0).integers(1, vocab, (1, length, 1, 1))}
 
-  def run():
-    sess.run([train_op, loss], feed)
+  def run(**run_kwargs):  # run_kwargs: tf1.Session.run's options / run_metadata (profiles)
+    sess.run([train_op, loss], feed, **run_kwargs)
   return run, params
 
 
