@@ -21,6 +21,13 @@ def ensure_bench_env():
   os.execve(sys.executable, [sys.executable] + sys.argv, env)
 
 
+def enable_cpu_xla_autoclustering():
+  """Sets TF_XLA_FLAGS=--tf_xla_cpu_global_jit, without which a session's global_jit_level
+  clusters nothing on the CPU; read when TensorFlow starts, so call it before importing TF."""
+  os.environ["TF_XLA_FLAGS"] = " ".join(
+      x for x in (os.environ.get("TF_XLA_FLAGS", ""), "--tf_xla_cpu_global_jit") if x)
+
+
 def peak_bytes(fn):
   """Peak TF tensor bytes in use while fn() runs, above what was in use before."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top

@@ -197,13 +197,15 @@ def tf_matmul_worker(threads):
 
 def ours_worker(name, steps, length, threads, warmup, profile=False):
   """Times one of our configurations (OURS) in this process: the T2T step of train_step.py."""
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  xla = name.endswith("_xla")
   import common  # pylint: disable=g-import-not-at-top
+  if xla:
+    common.enable_cpu_xla_autoclustering()
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
   import train_step  # pylint: disable=g-import-not-at-top
   common.start("peers_ours", config="bench-8k", length=length)
   tf.config.threading.set_intra_op_parallelism_threads(threads)  # read by tf1.Session too
   model, overrides = OURS[name]
-  xla = name.endswith("_xla")
   started = time.perf_counter()
   run, params = train_step.build_train_step(model, length, overrides, xla=xla)
   build = time.perf_counter() - started

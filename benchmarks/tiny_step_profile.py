@@ -7,7 +7,8 @@ one 2,048-subword sequence, vocabulary 4,066 as the demo's) in its own graph, ti
 steps after 5 warm-up steps (median), then traces one step (TF timeline) and sums the op time by
 op type and by scope (forward / backward / optimizer). Prints one JSON line per set and the
 routing / local ratio; writes benchmarks/results/tiny_step_profile.json. `--xla` turns on XLA
-auto-clustering of the session (global_jit_level ON_1) for both sets.
+auto-clustering of the session (global_jit_level ON_1, with TF_XLA_FLAGS=--tf_xla_cpu_global_jit,
+without which the CPU clusters nothing) for both sets.
 """
 import argparse
 import collections
@@ -88,6 +89,8 @@ def main(argv=None):
   parser.add_argument("--xla", action="store_true")
   parser.add_argument("--out", default=os.path.join(common.ROOT, "benchmarks", "results"))
   args = parser.parse_args(argv)
+  if args.xla:
+    common.enable_cpu_xla_autoclustering()
   info = common.start("tiny_step_profile", length=LENGTH, xla=args.xla)
   results = {}
   for hparams_set in args.sets.split(","):
