@@ -28,6 +28,19 @@ def enable_cpu_xla_autoclustering():
       x for x in (os.environ.get("TF_XLA_FLAGS", ""), "--tf_xla_cpu_global_jit") if x)
 
 
+def median_time(fn, steps, warmup=0):
+  """Median wall seconds of `steps` calls of fn() after `warmup` untimed calls."""
+  for _ in range(warmup):
+    fn()
+  times = []
+  for _ in range(steps):
+    t = time.perf_counter()
+    fn()
+    times.append(time.perf_counter() - t)
+  times.sort()
+  return times[len(times) // 2]
+
+
 def peak_bytes(fn):
   """Peak TF tensor bytes in use while fn() runs, above what was in use before."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top

@@ -152,7 +152,7 @@ def peer_worker(steps, length, threads, warmup, profile=False):
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
 
-  seconds = _median_time(step, steps, warmup)
+  seconds = common.median_time(step, steps, warmup)
   record = {"record": "point", "side": "peer", "name": "peer",
             "package": "routing-transformer 1.6.1", "torch": torch.__version__,
             "threads": torch.get_num_threads(), "seconds_per_step": seconds,
@@ -163,24 +163,13 @@ def peer_worker(steps, length, threads, warmup, profile=False):
   return record
 
 
-def _median_time(fn, steps, warmup):
-  for _ in range(warmup):
-    fn()
-  times = []
-  for _ in range(steps):
-    t = time.perf_counter()
-    fn()
-    times.append(time.perf_counter() - t)
-  times.sort()
-  return times[len(times) // 2]
-
-
 def torch_matmul_worker(threads):
   """Dense fp32 matmul GFLOP/s of PyTorch (inside the peer venv)."""
+  import common  # pylint: disable=g-import-not-at-top
   import torch  # pylint: disable=g-import-not-at-top
   torch.set_num_threads(threads)
   a, b = torch.randn(MATMUL, MATMUL), torch.randn(MATMUL, MATMUL)
-  seconds = _median_time(lambda: torch.matmul(a, b).sum().item(), 5, 1)
+  seconds = common.median_time(lambda: torch.matmul(a, b).sum().item(), 5, 1)
   return {"record": "matmul", "framework": "pytorch", "version": torch.__version__,
           "threads": torch.get_num_threads(), "size": MATMUL,
           "gflops": 2.0 * MATMUL ** 3 / seconds / 1e9}
@@ -212,7 +201,7 @@ def ours_worker(name, steps, length, threads, warmup, profile=False):
   started = time.perf_counter()
   run()  # the first step (graph optimisation, allocations)
   first = time.perf_counter() - started
-  seconds = _median_time(run, steps, max(warmup - 1, 0))
+  seconds = common.median_time(run, steps, max(warmup - 1, 0))
   record = {"record": "point", "side": "ours", "name": name,
             "model": "%s, train_step.py%s%s" % (model, "".join(
                 ", %s=%s" % kv for kv in sorted(overrides.items())), ", XLA" if xla else ""),

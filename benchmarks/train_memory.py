@@ -105,16 +105,6 @@ def matmul_worker(threads):
           "threads": threads, "size": 2048, "gflops": common.matmul_gflops(2048)}
 
 
-def _median(fn, steps):
-  times = []
-  for _ in range(steps):
-    t = time.perf_counter()
-    fn()
-    times.append(time.perf_counter() - t)
-  times.sort()
-  return times[len(times) // 2]
-
-
 def step_worker(model, overrides, length, steps, warmup, threads, vocab):
   """Builds and times one training step configuration in this process."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
@@ -135,7 +125,7 @@ def step_worker(model, overrides, length, steps, warmup, threads, vocab):
     record["first_step_seconds"] = time.perf_counter() - started
     for _ in range(max(warmup - 1, 0)):
       run()
-    seconds = _median(run, steps)
+    seconds = common.median_time(run, steps)
   except tf.errors.ResourceExhaustedError as e:
     record.update(status="out_of_memory", error=str(e).strip().splitlines()[0][:300],
                   peak_rss_mb=common.peak_rss_mb())
