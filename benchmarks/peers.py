@@ -120,9 +120,9 @@ def tf_op_profile(run, top=15):
   tf1 = tf.compat.v1
   metadata = tf1.RunMetadata()
   run(options=tf1.RunOptions(trace_level=tf1.RunOptions.FULL_TRACE), run_metadata=metadata)
-  every = tiny_step_profile.op_times(metadata.step_stats, top=10 ** 6)
-  out = tiny_step_profile.op_times(metadata.step_stats, top=top)
-  out["matmul_share"] = round(matmul_share(every["by_op"], TF_MATMUL_OPS), 3)
+  out = tiny_step_profile.op_times(metadata.step_stats, top=None)  # every op type
+  out["matmul_share"] = round(matmul_share(out["by_op"], TF_MATMUL_OPS), 3)
+  out["by_op"], out["mb_by_op"] = out["by_op"][:top], out["mb_by_op"][:top]
   return out
 
 

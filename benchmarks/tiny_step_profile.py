@@ -62,7 +62,8 @@ def build(hparams_set, xla):
 def op_times(step_stats, top=12):
   """{"by_op": [(op type, ms)], "by_part": {forward/backward/optimizer: ms}, "mb_by_op": [(op
   type, MB of outputs allocated)], "total_ms", "total_mb"} summed over the compute threads of
-  one traced step (time sums exceed wall time when ops run in parallel)."""
+  one traced step (time sums exceed wall time when ops run in parallel); `top=None`: every op
+  type."""
   by_op, by_part, mb_by_op = collections.Counter(), collections.Counter(), collections.Counter()
   for device in step_stats.dev_stats:
     for node in device.node_stats:

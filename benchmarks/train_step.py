@@ -113,7 +113,8 @@ def useful_flops_per_token(hparams, vocab):
 def build_train_step(name, length, overrides=None, vocab=VOCAB, xla=False):
   """(run_step fn, parameter count) for one model (see KINDS) in its own graph and session;
   `overrides`: optional {hparam: value} set on top (e.g. recompute_layers=True); `xla`: XLA
-  auto-clustering of the session (global_jit_level ON_1, the CPU proxy of --xla_compile)."""
+  auto-clustering of the session (global_jit_level ON_1, the CPU proxy of --xla_compile), which
+  on the CPU clusters only after common.enable_cpu_xla_autoclustering() ran before TF started."""
   import numpy as np  # pylint: disable=g-import-not-at-top
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   from routing_transformer.t2t import model as model_lib  # pylint: disable=g-import-not-at-top
