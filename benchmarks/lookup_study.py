@@ -4,6 +4,9 @@
     python benchmarks/lookup_study.py --phase B            # full / local / routing + switches
     python benchmarks/lookup_study.py --phase C            # why routing misses far look-ups
     python benchmarks/lookup_study.py --phase D            # which layout lets far look-ups learn
+    python benchmarks/lookup_study.py --phase E            # the dense control with/without local heads
+    python benchmarks/lookup_study.py --phase F            # routing heads without local heads
+    python benchmarks/lookup_study.py --phase G            # phase F's layout: seeds, clusters, self
     python benchmarks/lookup_study.py --report             # table + curves from the results
 
 Each run is its own process (`benchmarks/retrieval_study.py`), appending one JSON line per
@@ -146,7 +149,69 @@ def phase_d(recipe=RECIPE):
   return runs
 
 
-PHASES = {"A": phase_a, "B": phase_b, "C": phase_c, "D": phase_d}
+# Standard dense heads in routing's places: one cluster of all 1,024 positions, separate keys,
+# raw queries and keys (`--control unnormalised_routing_qk`) and no routing logit scale, because
+# `layers.projections` already scales every query by d^-0.5. (Phases C and D added
+# routing_logit_scale=rsqrt_depth on top: logits q.k / d, sqrt(d) = 5.7x colder than standard.)
+DENSE = "share_qk=False,sparsity_cluster_size=1,sparsity_cluster_attention_window=1024"
+
+
+def phase_e(recipe=RECIPE):
+  """Long-range heads with and without local heads (1k mixed, seed 1, 1,000 steps), the dense
+  control at the standard 1/sqrt(d) logit scale: does it learn like full attention without
+  local heads, and with four local heads in layer 1?"""
+  layout, every, seqs = "long_range_retrieval_1k_mixed", 100, 4
+  four = "local_num_heads=0,sparsity_cluster_num_heads=4"
+  variants = [  # label, hparams, steps, control
+      ("E control: four standard dense heads in both layers",
+       four + ",sparsity_skip_first=0," + DENSE, 1000, "unnormalised_routing_qk"),
+      ("E control: four standard dense heads in layer 2", four + "," + DENSE, 1000,
+       "unnormalised_routing_qk"),
+  ]
+  return [Run(label, "routing_transformer", "routing_transformer_tiny1k",
+              ",".join(x for x in (recipe, hp) if x), layout, steps, every, seqs, 1, control)
+          for label, hp, steps, control in variants]
+
+
+def phase_f(recipe=RECIPE):
+  """Routing heads without local heads (1k mixed, seed 1, 1,000 steps; phase E: the dense control
+  learns there like full attention): four routing heads in both layers, 8 clusters x 128, at the
+  standard logit scale, with shared and with separate keys."""
+  layout, every, seqs = "long_range_retrieval_1k_mixed", 100, 4
+  four = "local_num_heads=0,sparsity_cluster_num_heads=4,sparsity_skip_first=0"
+  variants = [
+      ("F routing, 4 routing heads in both layers + rsqrt_depth",
+       four + ",routing_logit_scale=rsqrt_depth"),
+      ("F routing, 4 routing heads in both layers + rsqrt_depth, share_qk=False",
+       four + ",routing_logit_scale=rsqrt_depth,share_qk=False"),
+  ]
+  return [Run(label, "routing_transformer", "routing_transformer_tiny1k",
+              ",".join(x for x in (recipe, hp) if x), layout, 1000, every, seqs, 1)
+          for label, hp in variants]
+
+
+def phase_g(recipe=RECIPE):
+  """The layout phase F found (four routing heads in both layers, no local heads, logits scaled
+  by 1/sqrt(d)): seeds 2 and 3, then 4 clusters x 256 and self exclusion beside it (seed 1),
+  then self exclusion's seeds 2 and 3."""
+  layout, every, seqs = "long_range_retrieval_1k_mixed", 100, 4
+  base = "local_num_heads=0,sparsity_cluster_num_heads=4,sparsity_skip_first=0," \
+         "routing_logit_scale=rsqrt_depth"
+  label = "F routing, 4 routing heads in both layers + rsqrt_depth"
+  runs = [Run(label, "routing_transformer", "routing_transformer_tiny1k",
+              ",".join((recipe, base)), layout, 1000, every, seqs, seed) for seed in (2, 3)]
+  variants = [
+      ("G the same, 4 clusters x 256", "sparsity_cluster_size=4,sparsity_cluster_attention_window=256"),
+      ("G the same + routing_exclude_self", "routing_exclude_self=True"),
+  ]
+  runs += [Run(name, "routing_transformer", "routing_transformer_tiny1k",
+               ",".join((recipe, base, hp)), layout, 1000, every, seqs, 1)
+           for name, hp in variants]
+  # self exclusion took seed 1 to full attention's level: seeds 2 and 3 (after full's seed 3)
+  return runs + [r._replace(seed=seed) for r in runs[-1:] for seed in (2, 3)]
+
+
+PHASES = {"A": phase_a, "B": phase_b, "C": phase_c, "D": phase_d, "E": phase_e, "F": phase_f, "G": phase_g}
 
 
 def load(path=RESULTS):
@@ -200,7 +265,9 @@ def table(records, prefix=""):
     nc = [v for k, v in sorted(diag.items()) if k.endswith("no_cluster_share")]
     ss = [v for k, v in sorted(diag.items()) if k.endswith("self_attention_share")]
     routing = "%.2f / %.2f" % (nc[-1], ss[-1]) if nc and ss else "-"
-    look = r.get("lookup_diagnostics") or {}
+    # Records without lookup_positions measured the positions one before the query and the item
+    # (before 2026-11-26 the diagnostic ignored the model's shift of its targets): void.
+    look = (r.get("lookup_diagnostics") or {}) if r.get("lookup_positions") == "model" else {}
     co = [v for k, v in sorted(look.items()) if k.endswith("item_cocluster")]
     rank = [v for k, v in sorted(look.items()) if k.endswith("item_rank")]
     items = "%.2f / %.2f" % (co[-1], rank[-1]) if co and rank else "-"
@@ -210,23 +277,38 @@ def table(records, prefix=""):
   return "\n".join(lines)
 
 
-def plot(records, path, prefix):
+# The runs of the summary plot (docs/images/lookup_study.png): routing that learns beside full,
+# local and the paper's routing, all seeds.
+SUMMARY = {"B full": "full attention", "G the same + routing_exclude_self":
+           "routing_only_transformer_tiny1k", "B routing": "routing, paper layout and logits",
+           "B local": "local"}
+
+
+def plot(records, path, prefix, labels=None):
+  """Near and far accuracy over training of the runs whose label starts with `prefix` (or is a
+  key of the dict `labels`, shown as its value), every seed, one colour per label."""
   import matplotlib  # pylint: disable=g-import-not-at-top
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
   curves = collections.OrderedDict()
-  for r in records:
-    if r["label"].startswith(prefix):
+  order = list(labels or ())
+  for r in sorted(records, key=lambda r: order.index(r["label"]) if r["label"] in order else -1):
+    if (r["label"] in labels) if labels else r["label"].startswith(prefix):
       curves.setdefault((r["label"], r["seed"]), []).append(r)
   fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
   colors = {}
+  bands = []  # the layout's nearest and farthest distance bands (the same for every model)
   for (label, seed), rs in curves.items():
     color = colors.setdefault(label, "C%d" % (len(colors) % 10))
-    for ax, group in zip(axes, ("near", "far")):
+    keys = [k for k in rs[0]["accuracy"] if k.startswith("d")]
+    bands = [keys[0], keys[-1]]
+    for ax, group in zip(axes, bands):
       ax.plot([r["step"] for r in rs], [r["accuracy"].get(group) for r in rs], color=color,
-              alpha=0.8, label=label if seed == min(s for l, s in curves if l == label) else None)
-  for ax, group in zip(axes, ("near", "far")):
-    ax.set_title("%s look-ups (%s the local reach)" % (group, "<=" if group == "near" else ">"))
+              alpha=0.8, label=(labels or {}).get(label, label)
+              if seed == min(s for l, s in curves if l == label) else None)
+  for ax, group, where in zip(axes, bands, ("within", "beyond")):
+    ax.set_title("look-ups %s tokens back (%s the local reach)" % (
+        group[1:].replace("_", "-"), where))
     ax.set_xlabel("training step")
     ax.axhline(1.0 / 8, color="gray", ls=":", lw=1)
     ax.grid(alpha=0.3)
@@ -256,8 +338,11 @@ def main(argv=None):
         path = os.path.join(os.path.dirname(args.out), "lookup_study_%s.png" % phase)
         plot(records, path, phase + " ")
         print("wrote", path)
+    path = os.path.join(os.path.dirname(args.out), "lookup_study.png")
+    plot(records, path, None, SUMMARY)
+    print("wrote", path)
     return 0
-  runs = PHASES[args.phase](args.recipe) if args.phase in "BCD" else PHASES[args.phase]()
+  runs = PHASES[args.phase](args.recipe) if args.phase in "BCDEFG" else PHASES[args.phase]()
   if args.only:
     runs = [r for r in runs if r.label in args.only.split(",")]
   todo = [r for r in runs if not finished(load(args.out), r)]

@@ -85,10 +85,11 @@ def lookup_diagnostics(q_hat, k_hat, means, window, dists, reach):
 
   Args:
     q_hat, k_hat: [b, h, n, d] normalised queries and keys of one routing layer (one array with
-      share_qk).
+      share_qk), at the model's positions (position t reads token t - 1).
     means: [h, c, d] centroids.
     window: members per cluster.
-    dists: [b, n] look-up distance at each answer position (query token one before), else -1.
+    dists: [b, n] look-up distance at each answer position (query token one before), else -1:
+      the query token is read at model position `answer`, its item at `answer - d`.
     reach: far look-ups have d > reach.
   Returns:
     dict of floats over the far look-ups: "item_cocluster" share whose query token and item share
@@ -102,8 +103,11 @@ def lookup_diagnostics(q_hat, k_hat, means, window, dists, reach):
   b_idx, answer = np.nonzero(dists > reach)
   if not b_idx.size:
     return {}
-  query = answer - 1
-  item = query - dists[b_idx, answer]
+  # Model positions: the model shifts its targets right, so position t reads token t - 1. The
+  # answer's position reads the query token and predicts the item; the item token (sequence
+  # index answer - 1 - d) is read at position answer - d.
+  query = answer
+  item = answer - dists[b_idx, answer]
   shared = (members[b_idx, :, :, query] & members[b_idx, :, :, item]).any(axis=(1, 2))
   in_cluster = members[b_idx, :, :, query].any(axis=(1, 2))
   depth = q_hat.shape[-1]
@@ -174,6 +178,9 @@ def main(argv=None):
   hparams = make_hparams()
   if "query_shape" in hparams.values():
     reach = cost.local_receptive_field(hparams, n, as_local=True)
+    if not reach:  # no local heads: split where its blocks would reach as local heads (191)
+      reach = min(hparams.query_shape[0] - 1 +
+                  hparams.num_decoder_layers * hparams.memory_flange[0], n - 1)
     flops_vs_full, memory_vs_full = cost.relative_to_full(hparams, n)
   else:  # a peer without local heads: full attention, "far" past the tiny sets' reach
     reach = cost.local_receptive_field(
@@ -250,7 +257,7 @@ def main(argv=None):
             eval_answer_loss=round(float(xent[answers].mean()), 4),
             accuracy=accuracies(pred == eval_seqs, eval_dists, layout, reach),
             diagnostics={k: round(float(v), 4) for k, v in out[2].items()},
-            lookup_diagnostics=lookups)
+            lookup_diagnostics=lookups, lookup_positions="model")  # see lookup_diagnostics
         records.append(record)
         line = json.dumps(record)
         print(line, flush=True)

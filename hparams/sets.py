@@ -382,6 +382,21 @@ def full_transformer_tiny1k():
 
 
 @registry.register_hparams
+def routing_only_transformer_tiny1k():
+  """`routing_transformer_tiny1k` with four routing heads in both layers (8 clusters x 128) and no
+  local heads, routing logits scaled by 1/sqrt(d) (`routing_logit_scale=rsqrt_depth`) and a query
+  kept off its own position (`routing_exclude_self`), two switches beyond the paper: the routing
+  model that learns look-ups beyond a local window at this scale (docs/routing_learning.md,
+  phases E-G). With local heads beside the routing heads, or with the paper's unscaled logits,
+  tiny models learn none in 1,000 steps."""
+  hparams = _heads(routing_transformer_tiny1k(), local=0, routing=4, skip_first=0, clusters=8,
+                   window=128)
+  hparams.routing_logit_scale = "rsqrt_depth"
+  hparams.routing_exclude_self = True
+  return hparams
+
+
+@registry.register_hparams
 def routing_transformer_test():
   """Smallest routing set, for unit tests; learning rate with a linear warm-up
   (`WARMUP_SCHEDULE`, over the base's 10,000 steps), as every set derived from it."""

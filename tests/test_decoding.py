@@ -134,6 +134,9 @@ ARCHITECTURES = {
     "routing_no_relative": dict(max_relative_position=0),
     "routing_exclude_self_learned_scale": dict(routing_exclude_self=True,
                                                routing_logit_scale="learned"),
+    # routing_only_transformer_tiny1k's layout: routing heads in every layer, no local heads
+    "routing_only": dict(local_num_heads=0, sparsity_cluster_num_heads=4, sparsity_skip_first=0,
+                         routing_logit_scale="rsqrt_depth", routing_exclude_self=True),
 }
 
 

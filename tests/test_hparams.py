@@ -244,10 +244,24 @@ def test_sets_are_fresh_objects(registry):
   assert registry.hparams("routing_transformer_tiny").hidden_size == 128
 
 
+def test_routing_only_set_is_the_layout_that_learns_far_look_ups(registry):
+  """docs/routing_learning.md phases E-G: four routing heads in both layers, no local heads,
+  logits scaled by 1/sqrt(d), self exclusion; the paper's routing sets keep neither switch."""
+  hp = registry.hparams("routing_only_transformer_tiny1k")
+  assert (hp.local_num_heads, hp.sparsity_cluster_num_heads, hp.sparsity_skip_first) == (0, 4, 0)
+  assert (hp.sparsity_cluster_size, hp.sparsity_cluster_attention_window) == (8, 128)
+  assert hp.routing_logit_scale == "rsqrt_depth" and hp.share_qk
+  assert hp.routing_exclude_self and hp.max_length == 1024
+  for paper in ("pg19_local_cluster8k", "routing_transformer_tiny1k", "enwik8_local_cluster8k"):
+    paper = registry.hparams(paper)
+    assert paper.routing_logit_scale == "none" and not paper.routing_exclude_self
+
+
 @pytest.mark.parametrize("name", ["routing_transformer_tiny", "local_transformer_tiny",
                                   "full_transformer_tiny", "routing_transformer_tiny_causal",
                                   "routing_transformer_tiny1k", "local_transformer_tiny1k",
-                                  "full_transformer_tiny1k", "pg19_local_cluster_tiny2k",
+                                  "full_transformer_tiny1k", "routing_only_transformer_tiny1k",
+                                  "pg19_local_cluster_tiny2k",
                                   "pg19_local_tiny2k", "pg19_full_tiny2k"])
 def test_tiny_sets_carry_the_recipe_that_learns_look_ups(registry, name):
   """docs/routing_learning.md: at the paper's gain 0.2 a tiny model learns no look-up."""

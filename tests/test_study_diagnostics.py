@@ -23,8 +23,10 @@ def test_top_window_np_picks_the_best_positions_per_cluster():
 
 
 def test_lookup_diagnostics_on_hand_built_vectors():
-  """Two sequences of 8 positions, centroids e0 and e1, window 4, reach 3.
-  Sequence 0: query token at 6 and its item at 2 both along e0: they share cluster e0 and the
+  """Two sequences of 8 model positions (position t reads token t - 1), centroids e0 and e1,
+  window 4, reach 3. An answer at position a with distance d: the query token is read at a, its
+  item at a - d.
+  Sequence 0: the query at 6 and its item at 2 both along e0: they share cluster e0 and the
   item is the only earlier key the query is close to (beats all 5 others).
   Sequence 1: query at 6 along e1, item at 1 along -e1; cluster e0 is exactly positions 2-5, cluster
   e1 holds 6 and never 1 (its lowest score): no shared cluster, the item beats no other key."""
@@ -35,11 +37,15 @@ def test_lookup_diagnostics_on_hand_built_vectors():
   q[1, 0] = [e[2], -e[1], e[0], e[0], e[0], e[0], e[1], e[3]]
   means = np.stack([e[0], e[1]])[None] / np.sqrt(d)  # [1, 2, d]
   dists = -np.ones((2, 8), np.int64)
-  dists[0, 7] = 4  # answer at 7: query token at 6, item at 2
-  dists[1, 7] = 5  # answer at 7: query token at 6, item at 1
+  dists[0, 6] = 4  # answer at 6: the query token read at 6, its item at 2
+  dists[1, 6] = 5  # answer at 6: the query token read at 6, its item at 1
   out = study().lookup_diagnostics(q, q, means, 4, dists, reach=3)
   assert out == {"item_cocluster": 0.5, "query_in_cluster": 1.0, "item_cosine": 0.0,
                  "other_cosine": 0.0, "item_rank": 0.5}
-  dists[1, 7] = 2  # a near look-up is left out
-  assert study().lookup_diagnostics(q, q, means, 4, dists, reach=3)["item_cocluster"] == 1.0
+  dists[1, 6] = 2  # a near look-up is left out
+  near_left_out = study().lookup_diagnostics(q, q, means, 4, dists, reach=3)
+  assert (near_left_out["item_cocluster"], near_left_out["item_cosine"]) == (1.0, 1.0)
   assert study().lookup_diagnostics(q, q, means, 4, dists, reach=10) == {}
+  shifted = dists.copy()  # the answer one position later: another query (e3) and item (e2)
+  shifted[0, 6], shifted[0, 7] = -1, 4
+  assert study().lookup_diagnostics(q, q, means, 4, shifted, reach=3)["item_cosine"] == 0.0
