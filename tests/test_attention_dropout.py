@@ -213,7 +213,8 @@ def test_encdec_attention_drops_weights_only_in_train(rng):
 
 @pytest.mark.parametrize("routing_mode", ["topk", "causal_window"])
 def test_cached_decoding_steps_never_drop(rng, routing_mode):
-  """self_attention_step (decoding) with attention_dropout=0.9 equals attention_dropout=0."""
+  """self_attention's cached decoding steps with attention_dropout=0.9 equal
+  attention_dropout=0."""
   from routing_transformer.core import layers  # pylint: disable=g-import-not-at-top
   x = layer_input(rng)
 
@@ -225,8 +226,8 @@ def test_cached_decoding_steps_never_drop(rng, routing_mode):
       cache = layers.self_attention_cache(hparams, 0, 2, 32)
       outs = []
       for t in range(6):
-        y, cache = layers.self_attention_step(tf.constant(x[:, t:t + 1]), hparams, 0, cache,
-                                              tf.constant(t))
+        y, _, _ = layers.self_attention(tf.constant(x[:, t:t + 1]), hparams, 0, cache=cache,
+                                        position=tf.constant(t))
         outs.append(y)
       with tf1.Session() as sess:
         initialize(sess)

@@ -147,11 +147,10 @@ def decode_step(model, ids, position, caches, memory_kv=None, memory_padding=Non
     (logits [b, vocab] float32, updated caches).
   """
   hparams = model.hparams
-  updated = list(caches)
+  updated = [dict(cache) for cache in caches]  # self_attention updates them in place
 
   def attend(y, i):
-    out, updated[i] = layers.self_attention_step(y, hparams, i, caches[i], position)
-    return out
+    return layers.self_attention(y, hparams, i, cache=updated[i], position=position)[0]
 
   memory_attend = None if memory_kv is None else (
       lambda y, i: layers.encdec_attention(y, memory_kv[i], hparams, memory_padding,

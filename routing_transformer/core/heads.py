@@ -1,7 +1,8 @@
 """Multi-head plumbing shared by the T2T layers (`layers.py`) and the Keras layer (`keras.py`).
 
 Splitting and combining heads, and the dispatch of one layer's heads to the attention functions:
-routing heads first along the head axis, then local heads. Does not import Tensor2Tensor.
+routing heads first along the head axis, then local heads. One function per head kind serves
+whole sequences and (with `cache`) one cached decoding step. Does not import Tensor2Tensor.
 
 Shapes: x [b, n, h * d]; heads [b, h, n, d].
 """
@@ -10,6 +11,8 @@ import collections
 import tensorflow as tf
 
 from routing_transformer.core import attention
+from routing_transformer.core.attention import incremental
+from routing_transformer.core.attention import routing as routing_lib
 
 HeadConfig = collections.namedtuple("HeadConfig", [
     "window", "block_length", "flange", "share_qk", "routing_mode", "random_routing",
@@ -43,7 +46,8 @@ def combine_heads(x):
 
 
 def routing_heads_attention(q, k, v, means, config, causal=True, padding=None,
-                            tables=(None, None), options=None, dropout_rate=0.0):
+                            tables=(None, None), options=None, dropout_rate=0.0, cache=None,
+                            position=None):
   """The routing heads: (output [b, hr, n, d], aux of the attention function).
 
   k is ignored (and may be None) when config.share_qk (keys are the queries); decoders with
@@ -52,18 +56,44 @@ def routing_heads_attention(q, k, v, means, config, causal=True, padding=None,
   (the extensions exclude_self, logit_scale). dropout_rate: attention dropout on the weights
   (TRAIN mode). dropout_rate and config.routing_padding_as_original reach the functions only
   when set, so a call without them is the paper's call, keyword for keyword.
+
+  With `cache` (one causal decoding step: q, k, v [b, hr, 1, d] of the int32 scalar `position`;
+  no padding, no dropout), the query routes over the cached prefix with the decode-time rule
+  ("topk": entries "routing_k" (normalised keys), "routing_v" [b, hr, N, d], "routing_scores"
+  [b, hr, c, N]) or over its cluster's last `window` members ("causal_window": entry
+  "routing_window", `incremental.causal_window_cache`), the entries are updated in place, and
+  aux is None.
   """
-  options = dict(options or {})
-  if dropout_rate:
-    options["dropout_rate"] = dropout_rate
-  if config.routing_padding_as_original:
-    options["padding_as_original"] = True
   rel_k, rel_v = tables
+  options = dict(options or {})
   if config.share_qk:
     k = q
   elif k is None:
     raise ValueError("routing_heads_attention: k is None but share_qk is False; pass the "
                      "routing heads' keys.")
+  if cache is not None:
+    if config.random_routing:
+      raise ValueError("Cached decoding of random_routing models is not supported (members are "
+                       "random draws); decode with fast_decode=False.")
+    q_hat = attention.layer_norm_no_scale(q)
+    k_hat = q_hat if config.share_qk else attention.layer_norm_no_scale(k)
+    means = tf.cast(means, q_hat.dtype)
+    if config.routing_mode == "causal_window":
+      out, cache["routing_window"] = incremental.causal_window_step(
+          q_hat, k_hat, v, means, cache["routing_window"], rel_k, rel_v, **options)
+      return out, None
+    scores = routing_lib.centroid_scores(q_hat, means)  # [b, hr, c, 1]
+    cache["routing_k"] = incremental.write_cache(cache["routing_k"], k_hat, position)
+    cache["routing_v"] = incremental.write_cache(cache["routing_v"], v, position)
+    cache["routing_scores"] = incremental.write_cache(cache["routing_scores"], scores, position,
+                                                      axis=3)
+    return incremental.routing_attention_step(
+        q_hat, cache["routing_k"], cache["routing_v"], cache["routing_scores"], position,
+        config.window, relative_keys=rel_k, relative_values=rel_v, **options), None
+  if dropout_rate:
+    options["dropout_rate"] = dropout_rate
+  if config.routing_padding_as_original:
+    options["padding_as_original"] = True
   if causal and config.routing_mode == "causal_window":
     return attention.causal_window_attention(
         q, k, v, means, config.window, share_qk=config.share_qk, padding=padding,
@@ -75,10 +105,26 @@ def routing_heads_attention(q, k, v, means, config, causal=True, padding=None,
 
 
 def local_heads_attention(q, k, v, config, causal=True, padding=None, tables=(None, None),
-                          dropout_rate=0.0):
+                          dropout_rate=0.0, cache=None, position=None):
   """The local heads: blocked attention [b, hl, n, d] (unscaled: q carries d^-0.5), attention
-  dropout `dropout_rate` on the weights."""
+  dropout `dropout_rate` on the weights.
+
+  With `cache` (one causal decoding step: q, k, v [b, hl, 1, d] of the int32 scalar `position`),
+  the query attends over a ring of the last R >= flange + block positions (entries "local_k",
+  "local_v" [b, hl, R, d], "local_pos" int32 [b, R], the position in each slot, -1 = empty),
+  updated in place: [b, hl, 1, d].
+  """
   rel_k, rel_v = tables
+  if cache is not None:
+    slot = position % cache["local_pos"].shape[1]
+    cache["local_k"] = incremental.write_cache(cache["local_k"], k, slot)
+    cache["local_v"] = incremental.write_cache(cache["local_v"], v, slot)
+    cache["local_pos"] = incremental.write_cache(
+        cache["local_pos"], tf.fill([tf.shape(q)[0], 1], position), slot, axis=1)
+    return incremental.local_ring_step(
+        q, cache["local_k"], cache["local_v"], cache["local_pos"][0], position,
+        config.block_length, config.flange, relative_keys=rel_k, relative_values=rel_v,
+        scale=1.0)
   return attention.local_attention(
       q, k, v, config.block_length, config.flange, causal=causal, relative_keys=rel_k,
       relative_values=rel_v, padding=None if causal else padding, scale=1.0,
@@ -98,7 +144,7 @@ def split_kinds(x, num_routing):
 
 def kind_heads(routing, local, config, causal=True, padding=None, means=None,
                routing_tables=(None, None), local_tables=(None, None), routing_options=None,
-               dropout_rate=0.0):
+               dropout_rate=0.0, cache=None, position=None):
   """All heads of a layer from the inputs of each kind: routing heads, then local heads.
 
   Args:
@@ -113,17 +159,21 @@ def kind_heads(routing, local, config, causal=True, padding=None, means=None,
     routing_options: further keyword arguments of the routing attention functions.
     dropout_rate: attention dropout on the weights of every head (hparam `attention_dropout`;
       the caller passes 0 outside TRAIN mode).
+    cache, position: None for whole sequences; for one causal decoding step (n = 1), the
+      layer's caches (dict of both kinds' entries, see the kinds' functions; updated in place)
+      and the int32 scalar position.
   Returns:
-    (output [b, h, n, d], aux of the routing attention or None without routing heads).
+    (output [b, h, n, d], aux of the routing attention or None without routing heads or with
+    `cache`).
   """
   outputs, aux = [], None
   if routing is not None:
-    out, aux = routing_heads_attention(*routing, means, config, causal, padding,
-                                       routing_tables, routing_options, dropout_rate)
+    out, aux = routing_heads_attention(*routing, means, config, causal, padding, routing_tables,
+                                       routing_options, dropout_rate, cache, position)
     outputs.append(out)
   if local is not None:
     outputs.append(local_heads_attention(*local, config, causal, padding, local_tables,
-                                         dropout_rate))
+                                         dropout_rate, cache, position))
   return (tf.concat(outputs, axis=1) if len(outputs) > 1 else outputs[0]), aux
 
 

@@ -194,12 +194,13 @@ def attention_dropout_rate(hparams, train):
   return float(hparams.get("attention_dropout", 0.0) or 0.0) if train else 0.0
 
 
-def self_attention(x, hparams, layer_index, padding, causal=True, train=False,
-                   read_centroids=None):
-  """Multi-head self-attention mixing local and routing heads.
+def self_attention(x, hparams, layer_index, padding=None, causal=True, train=False,
+                   read_centroids=None, cache=None, position=None):
+  """Multi-head self-attention mixing local and routing heads, over whole sequences or (with
+  `cache`) one cached causal decoding step.
 
   Args:
-    x: [b, n, hidden].
+    x: [b, n, hidden]; with `cache`, [b, 1, hidden] the input of position `position`.
     hparams: model hparams.
     layer_index: index of the layer (sparsity_skip_first turns routing heads local).
     padding: bool [b, n], True at padding positions, or None.
@@ -208,9 +209,12 @@ def self_attention(x, hparams, layer_index, padding, causal=True, train=False,
       dropout on the weights).
     read_centroids: optional km -> [h, c, d] centroid values to route with (default: read
       km.means); recompute_layers replays the forward's read in the backward pass.
+    cache: None for whole sequences; when decoding, the layer's caches from
+      `self_attention_cache`, updated in place (as T2T's multihead_attention updates its cache).
+    position: int32 scalar t of the decoding step (with `cache`).
   Returns:
-    (y [b, n, hidden], k-means loss (scalar, 0 without routing heads), kmeans.KMeansStep or
-    None).
+    (y [b, n, hidden], k-means loss (scalar, 0 without routing heads or with `cache`),
+    kmeans.KMeansStep or None).
   """
   num_routing, num_local, _ = head_counts(hparams, layer_index)
   routing_qkv, local_qkv = projections(x, hparams, layer_index)
@@ -223,10 +227,11 @@ def self_attention(x, hparams, layer_index, padding, causal=True, train=False,
     options = routing_options(hparams, layer_index)
   if num_local:
     local_tables = local_variables(hparams, layer_index)
-  out, aux = heads.kind_heads(routing_qkv, local_qkv, head_config(hparams, x.shape[1]), causal,
-                              padding, means, routing_tables, local_tables, options,
-                              attention_dropout_rate(hparams, train))
-  if num_routing:
+  config = head_config(hparams, x.shape[1] if cache is None else None)  # decoding: N positions
+  out, aux = heads.kind_heads(routing_qkv, local_qkv, config, causal, padding, means,
+                              routing_tables, local_tables, options,
+                              attention_dropout_rate(hparams, train), cache, position)
+  if aux is not None:
     x_hats, clusters = kmeans.routed_vectors(aux, hparams.share_qk)
     loss = km.loss(aux["commitment_loss"], x_hats, clusters, aux["weights"])
     if train:
@@ -236,26 +241,22 @@ def self_attention(x, hparams, layer_index, padding, causal=True, train=False,
   return attention_output(out, hparams), loss, step
 
 
-def local_ring_size(hparams, length):
-  """Slots of the local heads' ring cache: the block and its flange (at most the length)."""
-  block, flange = local_span(hparams, length)
-  return min(length, flange + block)
-
-
 def self_attention_cache(hparams, layer_index, batch, length, dtype=tf.float32):
-  """Zero caches of one decoder layer for `self_attention_step` (static shapes).
+  """Zero caches of one decoder layer for `self_attention` (static shapes; `length`: the
+  decoder's N, max_target_length or max_length).
 
   Returns:
-    dict: local heads: "local_k", "local_v" [b, local heads, R, d] ring buffers of the last
-    R = flange + block positions and "local_pos" int32 [b, R] (-1 = empty; rows equal); routing heads, "topk":
-    "routing_k" (normalised keys), "routing_v" [b, routing heads, N, d] and "routing_scores"
+    dict (see heads.local_heads_attention, heads.routing_heads_attention): local heads,
+    "local_k", "local_v" [b, local heads, R, d] ring buffers of the last R = flange + block
+    positions (at most N) and "local_pos" int32 [b, R] (-1 = empty; rows equal); routing heads,
+    "topk": "routing_k", "routing_v" [b, routing heads, N, d] and "routing_scores"
     [b, routing heads, c, N]; "causal_window": "routing_window", the per-cluster caches of
     `attention.incremental.causal_window_cache`.
   """
   num_routing, num_local, depth = head_counts(hparams, layer_index)
   cache = {}
   if num_local:
-    ring = local_ring_size(hparams, length)
+    ring = min(length, sum(local_span(hparams, length)))
     cache["local_k"] = tf.zeros([batch, num_local, ring, depth], dtype)
     cache["local_v"] = tf.zeros([batch, num_local, ring, depth], dtype)
     cache["local_pos"] = -tf.ones([batch, ring], tf.int32)  # rows equal; batch-major for beams
@@ -269,64 +270,6 @@ def self_attention_cache(hparams, layer_index, batch, length, dtype=tf.float32):
     cache["routing_scores"] = tf.zeros(
         [batch, num_routing, hparams.sparsity_cluster_size, length], dtype)
   return cache
-
-
-def self_attention_step(x, hparams, layer_index, cache, position):
-  """Causal self-attention of the new position only, reading and updating the layer's caches.
-
-  Local heads attend to their ring of recent keys; routing heads route over the cached prefix
-  with the decode-time rule ("topk") or over their cluster's last `window` members
-  ("causal_window", exact and independent of the prefix length).
-
-  Args:
-    x: [b, 1, hidden] input of the new position.
-    cache: dict from `self_attention_cache` (or a previous step).
-    position: int32 scalar t.
-  Returns:
-    (y [b, 1, hidden], updated cache).
-  """
-  if hparams.random_routing:
-    raise ValueError("Cached decoding of random_routing models is not supported (members are "
-                     "random draws); decode with fast_decode=False.")
-  num_routing, num_local, _ = head_counts(hparams, layer_index)
-  routing_qkv, local_qkv = projections(x, hparams, layer_index)
-  cache, outputs = dict(cache), []
-  if num_routing:
-    q_r, k_r, v_r = routing_qkv
-    km, rel_k, rel_v = routing_variables(hparams, layer_index)
-    options = routing_options(hparams, layer_index)
-    q_hat = attention.layer_norm_no_scale(q_r)
-    k_hat = q_hat if hparams.share_qk else attention.layer_norm_no_scale(k_r)
-    mu = tf.cast(km.means, q_hat.dtype)
-    if hparams.routing_mode == "causal_window":
-      out, cache["routing_window"] = incremental.causal_window_step(
-          q_hat, k_hat, v_r, mu, cache["routing_window"], rel_k, rel_v, **options)
-      outputs.append(out)
-    else:
-      scores = routing.centroid_scores(q_hat, mu)  # [b, h, c, 1]
-      cache["routing_k"] = incremental.write_cache(cache["routing_k"], k_hat, position)
-      cache["routing_v"] = incremental.write_cache(cache["routing_v"], v_r, position)
-      cache["routing_scores"] = incremental.write_cache(cache["routing_scores"], scores,
-                                                        position, axis=3)
-      outputs.append(incremental.routing_attention_step(
-          q_hat, cache["routing_k"], cache["routing_v"], cache["routing_scores"], position,
-          hparams.sparsity_cluster_attention_window, relative_keys=rel_k,
-          relative_values=rel_v, **options))
-  if num_local:
-    q_l, k_l, v_l = local_qkv
-    rel_k, rel_v = local_variables(hparams, layer_index)
-    ring = cache["local_pos"].shape[1]
-    block, flange = local_span(hparams, ring)  # full_attention: the ring is the whole length
-    slot = position % ring
-    cache["local_k"] = incremental.write_cache(cache["local_k"], k_l, slot)
-    cache["local_v"] = incremental.write_cache(cache["local_v"], v_l, slot)
-    cache["local_pos"] = incremental.write_cache(
-        cache["local_pos"], tf.fill([tf.shape(x)[0], 1], position), slot, axis=1)
-    outputs.append(incremental.local_ring_step(
-        q_l, cache["local_k"], cache["local_v"], cache["local_pos"][0], position,
-        block, flange, relative_keys=rel_k, relative_values=rel_v, scale=1.0))
-  out = tf.concat(outputs, axis=1) if len(outputs) > 1 else outputs[0]
-  return attention_output(out, hparams), cache
 
 
 def encdec_memory(memory, hparams):
