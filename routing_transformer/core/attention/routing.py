@@ -218,7 +218,7 @@ def cluster_attention(aux, v, window, causal, key_padding=None, relative_keys=No
   q_c = gather_clusters(q_hat, query_indices)  # [b, h, c, w, d]
   shared = aux["k_hat"] is q_hat and key_indices is query_indices  # share_qk: one gather
   k_c = q_c if shared else gather_clusters(aux["k_hat"], key_indices)
-  v_c = tf.cast(gather_clusters(v, key_indices), q_hat.dtype)
+  v_c = gather_clusters(tf.cast(v, q_hat.dtype), key_indices)
   logits = tf.matmul(q_c, k_c, transpose_b=True)  # [b, h, c, w, w]
   ranks = tf.range(window)
   if relative_keys is not None:
