@@ -1,10 +1,13 @@
 """activation_dtype=bfloat16: bfloat16 activations, float32 variables, and float32 where it counts.
 
-The same tiny model (the registered set `routing_transformer_test`) is built in float32 and in
-bfloat16 from the same variable values:
-- the training loss, the k-means loss and the gradients follow float32 within what bfloat16's
-  8 significant bits allow (tolerances justified at each check), and bfloat16 really ran (the
-  numbers are not identical);
+The same tiny models (the registered sets `routing_transformer_test`, `..._causal`,
+`local_transformer_test`) are built in float32 and in bfloat16 from the same variable values:
+- where rounding cannot change routing (clusters of every position, or one cluster), the
+  training loss, the k-means loss, the logits and the gradients follow float32 within what
+  bfloat16's 8 significant bits allow (tolerances justified at each check), and bfloat16 really
+  ran (the numbers are not identical); with the registered clusters (members may flip where
+  scores nearly tie) within looser bounds; the routing functions of bfloat16 inputs are bit for
+  bit the float32 functions of the same values, rounded once;
 - every variable (k-means means and EMA statistics included) stays float32, and the EMA update
   of the centroids is computed from float32 statistics;
 - read off the graph: every softmax, LayerNorm rsqrt, centroid score, top-k / argmax input,
@@ -13,8 +16,9 @@ bfloat16 from the same variable values:
   three GEGLU matrices) and the local heads' attention are bfloat16, so the activations between
   layers are bfloat16; the local attention weights are kept for the backward pass in bfloat16
   only;
-- recompute_layers gives the same bfloat16 step; cached decoding refuses bfloat16 in one line;
-  every project hparams set keeps float32.
+- recompute_layers gives the same bfloat16 step, and so does T2TModel.__call__ (T2T's getter
+  composed with the body's); cached decoding refuses bfloat16 in one line; every project hparams
+  set keeps float32.
 """
 import collections
 
@@ -378,6 +382,28 @@ def test_eval_logits_are_float32_and_follow_float32(rng):
   assert bf16.logits.dtype == np.float32 and bf16.logits.shape == f32.logits.shape
   assert abs(bf16.loss - f32.loss) <= 1e-2 * f32.loss
   assert not np.array_equal(bf16.logits, f32.logits)
+
+
+def test_the_estimators_call_path_composes_t2ts_getter(rng):
+  """T2TModel.__call__ (what the Estimator's model_fn runs) installs T2T's own bfloat16 getter
+  as well; with the body's, the variables are still float32 (made once, cast twice is a no-op)
+  and the step gives the same loss as the model_fn_sharded path from the same variables."""
+  features = features_of(rng)
+  hp = set_hparams(activation_dtype=BF16)
+  direct = step(hp, features)
+  with tf.Graph().as_default():
+    model = model_lib.RoutingTransformer(set_hparams(activation_dtype=BF16), TRAIN,
+                                         problem_hparams.test_problem_hparams(40, 40, hp))
+    _, losses = model({k: tf.convert_to_tensor(v) for k, v in features.items()})
+    every = {v.name.split("body/", 1)[-1]: v for v in tf1.global_variables()}
+    assert all(v.dtype.base_dtype == tf.float32 for v in every.values())
+    names = {name.split("body/", 1)[-1]: value for name, value in direct.before.items()}
+    assert set(every) == set(names)
+    with tf1.Session() as sess:
+      sess.run(tf1.global_variables_initializer(),
+               {v.initializer.inputs[1]: names[name] for name, v in every.items()})
+      loss = sess.run(losses["training"])
+  assert loss == direct.loss
 
 
 def test_cached_decoding_refuses_bfloat16_in_one_line(rng):
