@@ -14,7 +14,9 @@ against the same machine in the same run.
 Part "8k" (bench-8k: length 8192, batch 1, vocab --vocab, the models of
 benchmarks/train_step.py, the whole T2T training step with Adafactor): the configurations of
 CONFIGS (--configs picks some), each --warmup warm-up steps (the first included) and --steps
-timed steps (median); the new options: logits_chunk_size=--chunk; recompute_layers.
+timed steps (median); the new options: logits_chunk_size=--chunk; recompute_layers;
+activation_dtype=bfloat16 (the *_bf16 configurations: peak RSS against their float32 twins; the
+machine record says whether the CPU has AVX512_BF16, without which bfloat16 matmuls are slow).
 
 Part "lengths": for each model of --models (routing: 6 local + 2 routing heads, clusters of 512,
 length / 512 of them; local: 8 local heads; full: 8 heads of dense causal attention), without
@@ -53,6 +55,9 @@ CONFIGS = {  # name -> (train_step.py model, hparams overrides; "chunk" = logits
     "routing_causal_window": ("routing_causal_window", {}),
     "local": ("local", {}),
     "local_recompute": ("local", {"recompute_layers": True}),
+    "routing_bf16": ("routing", {"activation_dtype": "bfloat16"}),
+    "routing_recompute_bf16": ("routing", {"recompute_layers": True,
+                                           "activation_dtype": "bfloat16"}),
 }
 LENGTH_MODELS = ("routing", "local", "full")
 GIB = 2.0 ** 30
@@ -73,6 +78,15 @@ def available_bytes():
   except OSError:
     pass
   return None
+
+
+def cpu_flag(flag):
+  """Whether /proc/cpuinfo lists `flag` (e.g. avx512_bf16); None where unreadable."""
+  try:
+    with open("/proc/cpuinfo") as f:
+      return any(line.startswith("flags") and flag in line.split() for line in f)
+  except OSError:
+    return None
 
 
 def memory_limit(memory_gb):
@@ -225,22 +239,26 @@ def part_lengths(args, limit, roof):
 
 
 def ratios_8k(results):
-  """Step time and peak RSS of every ok configuration over the "routing" one."""
-  base = results.get("routing")
-  if not base or base["status"] != "ok":
-    return {}
+  """Step time and peak RSS of every ok configuration over the "routing" one, and of every
+  *_bf16 configuration over its float32 twin (the name without _bf16)."""
+  ok = {name: r for name, r in results.items() if r["status"] == "ok"}
+  pairs = [(name, "routing") for name in ok if name != "routing"]
+  pairs += [(name, name[:-len("_bf16")]) for name in ok if name.endswith("_bf16")]
   out = {}
-  for name, r in results.items():
-    if name != "routing" and r["status"] == "ok":
-      out["time_%s_over_routing" % name] = r["seconds_per_step"] / base["seconds_per_step"]
-      out["peak_rss_%s_over_routing" % name] = r["peak_rss_mb"] / base["peak_rss_mb"]
+  for name, base in pairs:
+    if base in ok:
+      out["time_%s_over_%s" % (name, base)] = (ok[name]["seconds_per_step"] /
+                                               ok[base]["seconds_per_step"])
+      out["peak_rss_%s_over_%s" % (name, base)] = ok[name]["peak_rss_mb"] / ok[base]["peak_rss_mb"]
   return out
 
 
 def print_tables(info, roof, results, records, longest):
-  print("\n%s, %d threads, %s; TensorFlow dense fp32 matmul 2048^3: %.0f GFLOP/s; memory "
-        "limit %.1f GiB (%s)" % (info["cpu_model"], info["threads_used"], info["date"], roof,
-                                 info["memory_limit_gib"], info["memory_limit_from"]))
+  print("\n%s (AVX512_BF16: %s), %d threads, %s; TensorFlow dense fp32 matmul 2048^3: %.0f "
+        "GFLOP/s; memory limit %.1f GiB (%s)" % (
+            info["cpu_model"], {True: "yes", False: "no"}.get(info["avx512_bf16"], "unknown"),
+            info["threads_used"], info["date"], roof, info["memory_limit_gib"],
+            info["memory_limit_from"]))
   if results:
     print("\n| bench-8k configuration | s/step | tokens/s | peak process RSS | utilisation | "
           "graph build | first step |\n|---|---|---|---|---|---|---|")
@@ -302,7 +320,7 @@ def main(argv=None):
   limit, chosen = memory_limit(args.memory_gb)
   info = common.start("train_memory", part=args.part, vocab=args.vocab, chunk=args.chunk,
                       threads_used=args.threads, memory_limit_gib=limit / GIB,
-                      memory_limit_from=chosen)
+                      memory_limit_from=chosen, avx512_bf16=cpu_flag("avx512_bf16"))
   matmul = run_worker(args, ["matmul", "--threads", args.threads], limit)
   common.emit(matmul)
   if matmul.get("status") not in (None, "ok"):

@@ -65,8 +65,9 @@ def centroid_distance(x_hat, centroids, clusters, weights):
     clusters: int32 [b, h, n] assignments.
     weights: [b, n], 1 for real positions and 0 for padding.
   Returns:
-    float32 scalar.
+    float32 scalar (computed in float32 for bfloat16 x_hat).
   """
+  x_hat = tf.cast(x_hat, norm.compute_dtype(x_hat.dtype))
   mu = tf.cast(assigned_centroids(centroids, clusters), x_hat.dtype)
   squared = tf.reduce_sum(tf.cast(tf.square(x_hat - mu), tf.float32), axis=-1)  # [b, h, n]
   weights = tf.cast(weights, tf.float32)[:, tf.newaxis, :]

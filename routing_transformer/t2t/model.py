@@ -28,6 +28,7 @@ compat.patch_tensor2tensor()
 from tensor2tensor.layers import common_attention
 from tensor2tensor.layers import common_layers
 from tensor2tensor.layers import modalities
+from tensor2tensor.utils import quantization
 from tensor2tensor.utils import registry
 from tensor2tensor.utils import t2t_model
 # pylint: enable=g-import-not-at-top,wrong-import-position
@@ -36,6 +37,7 @@ tf1 = tf.compat.v1
 
 
 MAX_LOGITS_CHUNKS = 256  # logits_chunk_size: chunks per sequence (each adds ops to the graph)
+ACTIVATION_DTYPES = {"float32": tf.float32, "bfloat16": tf.bfloat16}
 
 
 class HParamsError(ValueError):
@@ -91,8 +93,20 @@ def check_hparams(hparams, length=None):
   if hparams.routing_mode not in ("topk", "causal_window"):
     problems.append("routing_mode=%r is not supported; use 'topk' (paper routing) or "
                     "'causal_window' (strictly causal)" % hparams.routing_mode)
+  if hparams.get("activation_dtype", "float32") not in ACTIVATION_DTYPES:
+    problems.append("activation_dtype=%r is not supported; use 'float32' or 'bfloat16'"
+                    % hparams.activation_dtype)
+  if hparams.get("weight_dtype", "float32") != "float32":
+    problems.append("weight_dtype=%r is not supported: the variables are float32 (bfloat16 "
+                    "activations: activation_dtype='bfloat16'); use weight_dtype='float32'"
+                    % hparams.weight_dtype)
   if problems:
     raise HParamsError("Inconsistent hparams for routing_transformer: " + "; ".join(problems))
+
+
+def activation_dtype(hparams):
+  """tf.float32, or tf.bfloat16 with hparams.activation_dtype="bfloat16"."""
+  return ACTIVATION_DTYPES[hparams.get("activation_dtype", "float32")]
 
 
 def pad_to_length(ids, length, name):
@@ -140,7 +154,7 @@ class RoutingTransformer(t2t_model.T2TModel):
     with tf1.variable_scope(name):
       table = tf1.get_variable("embedding", [vocab, hparams.embedding_dims],
                                initializer=tf1.random_normal_initializer(0.0, 1.0))
-    x = tf.gather(table, ids)
+    x = tf.cast(tf.gather(table, ids), activation_dtype(hparams))
     if self.is_train and hparams.dropout:
       x = tf.nn.dropout(x, rate=hparams.dropout)
     x = layers.dense(x, hparams.hidden_size, "emb_dense" if name == "embeddings" else
@@ -166,26 +180,43 @@ class RoutingTransformer(t2t_model.T2TModel):
     Returns:
       [b, n, hidden] (final layer_preprocess applied).
     """
-    hparams = self.hparams
     for i in range(num_layers):
       with tf1.variable_scope("%s_layer_%d" % (prefix, i)):
         x = wrap(x, i) if wrap is not None else self.block(x, i, attend, memory_attend)
-    return common_layers.layer_preprocess(x, hparams)
+    return self.preprocess(x)
+
+  def preprocess(self, x):
+    """T2T's layer_preprocess, its normalisation in float32 (`in_float32`)."""
+    return self.in_float32(common_layers.layer_preprocess, self.hparams.layer_preprocess_sequence,
+                           x)
+
+  def postprocess(self, x, y):
+    """T2T's layer_postprocess (residual x + y), its normalisation in float32 (`in_float32`)."""
+    return self.in_float32(common_layers.layer_postprocess,
+                           self.hparams.layer_postprocess_sequence, x, y)
+
+  def in_float32(self, process, sequence, *tensors):
+    """process(*tensors, hparams); with bfloat16 activations and a normalisation ("n") in the
+    T2T `sequence`, the tensors go in as float32 and the result comes back as bfloat16."""
+    dtype = tensors[-1].dtype
+    if dtype == tf.float32 or sequence == "none" or "n" not in sequence:
+      return process(*tensors, self.hparams)
+    return tf.cast(process(*[tf.cast(t, tf.float32) for t in tensors], self.hparams), dtype)
 
   def block(self, x, i, attend, memory_attend=None):
     """One residual block (in scope `<prefix>_layer_<i>`); see `layer_stack`."""
     hparams = self.hparams
     with tf1.variable_scope("self_attention"):
       with tf1.variable_scope("self_attention"):
-        y = attend(common_layers.layer_preprocess(x, hparams), i)
-      x = common_layers.layer_postprocess(x, y, hparams)
+        y = attend(self.preprocess(x), i)
+      x = self.postprocess(x, y)
       if memory_attend is not None:
         with tf1.variable_scope("encdec_attention"):
-          y = memory_attend(common_layers.layer_preprocess(x, hparams), i)
-        x = common_layers.layer_postprocess(x, y, hparams)
+          y = memory_attend(self.preprocess(x), i)
+        x = self.postprocess(x, y)
       with tf1.variable_scope("ffn"):
-        y = layers.ffn(common_layers.layer_preprocess(x, hparams), hparams, self.is_train)
-      x = common_layers.layer_postprocess(x, y, hparams)
+        y = layers.ffn(self.preprocess(x), hparams, self.is_train)
+      x = self.postprocess(x, y)
     return x
 
   def stack(self, x, padding, causal, prefix, num_layers, memory=None, memory_padding=None):
@@ -264,8 +295,9 @@ class RoutingTransformer(t2t_model.T2TModel):
   def output_layer(self, x):
     """The output projection's input and variables: x [b, n, hidden] -> (x [b, n, e] after
     final_dense_1 when hidden_size != embedding_dims, final_dense_2's kernel [e, vocab] and
-    bias [vocab])."""
+    bias [vocab]), all float32 (bfloat16 activations are cast: logits and loss in float32)."""
     hparams = self.hparams
+    x = tf.cast(x, tf.float32)
     if hparams.hidden_size != hparams.embedding_dims:
       x = layers.dense(x, hparams.embedding_dims, "final_dense_1", use_bias=True)
     vocab = self._problem_hparams.vocab_size["targets"]
@@ -348,8 +380,19 @@ class RoutingTransformer(t2t_model.T2TModel):
     return memory, memory_padding, loss
 
   def body(self, features):
+    """Logits [b, n, 1, 1, vocab] and {"extra_loss"[, "training"]} of the features; with
+    activation_dtype="bfloat16" the variables stay float32, cast to bfloat16 where used
+    (T2T's bfloat16_activations_var_getter)."""
+    check_hparams(self.hparams)
+    if activation_dtype(self.hparams) == tf.float32:
+      return self.body_ops(features)
+    with tf1.variable_scope(tf1.get_variable_scope(), auxiliary_name_scope=False,
+                            custom_getter=quantization.bfloat16_activations_var_getter):
+      return self.body_ops(features)
+
+  def body_ops(self, features):
+    """`body` in the current variable scope."""
     hparams = self.hparams
-    check_hparams(hparams)
     targets = tf.cast(features["targets"], tf.int32)
     ids = tf.reshape(targets, common_layers.shape_list(targets)[:2])
     actual_length = tf.shape(ids)[1]

@@ -73,9 +73,12 @@ def causal_window_attention(q, k, v, centroids, window, share_qk=True, padding=N
     dropout_rate: attention dropout on the weights (hparam `attention_dropout` in TRAIN mode).
     padding_as_original: padding takes part in the k-means statistics and the commitment loss
       and is not masked as a key, as the original release treats it (`routing.padding_roles`).
+  As in `routing_attention`, bfloat16 inputs are routed and attended in float32 and the output
+  is cast back to v's dtype.
   Returns:
-    (output [b, h, n, d], aux) with aux keys as `routing_attention` ("query_clusters",
-    "commitment_loss", "q_hat", "k_hat", "weights"; "key_clusters" without share_qk).
+    (output [b, h, n, d] of v's dtype, aux) with aux keys as `routing_attention`
+    ("query_clusters", "commitment_loss", "q_hat", "k_hat", "weights"; "key_clusters" without
+    share_qk).
   """
   q_hat, k_hat, v, mu, pad, relative_keys, relative_values = routing.normalised_inputs(
       q, k, v, centroids, window, share_qk, padding, relative_keys, relative_values,
@@ -104,7 +107,7 @@ def causal_window_attention(q, k, v, centroids, window, share_qk=True, padding=N
 
   q_s = sorted_blocks(q_hat)  # [b, h, N, d]
   k_s = look_back_blocks(sorted_blocks(k_hat), window)  # [b, h, nb, 2w, d]
-  v_s = look_back_blocks(sorted_blocks(v), window)
+  v_s = look_back_blocks(sorted_blocks(tf.cast(v, q_hat.dtype)), window)
   c_s = sorted_blocks(clusters, fill=-1)  # [b, h, N]; -1 marks the filler slots
   c_k = look_back_blocks(c_s, window, fill=-2)  # [b, h, nb, 2w]; -2: before the sequence
   num_blocks = padded_n // window
@@ -141,4 +144,4 @@ def causal_window_attention(q, k, v, centroids, window, share_qk=True, padding=N
   self_probs = tf.reshape(self_probs, [-1, heads, padded_n])[:, :, :n]
   aux["member_count"] = tf.ones_like(self_probs)
   aux["self_weight"] = tf.gather(self_probs, unsort, axis=2, batch_dims=2)
-  return tf.gather(out, unsort, axis=2, batch_dims=2), aux
+  return tf.cast(tf.gather(out, unsort, axis=2, batch_dims=2), v.dtype), aux

@@ -10,6 +10,7 @@ from routing_transformer.core import norm
 # LayerNorm without scale, routing's normalisation; defined in core/norm.py, which the k-means
 # imports without importing this package.
 layer_norm_no_scale = norm.layer_norm_no_scale
+compute_dtype = norm.compute_dtype
 
 
 def mask_value(dtype):
@@ -24,13 +25,45 @@ def masked_softmax(logits, allowed):
   A row with nothing allowed comes out uniform; callers that can produce such rows (only with
   padding) clear them with `zero_empty_rows`.
 
+  Low-precision logits (bfloat16, float16: hparam `activation_dtype`) are masked and normalised
+  in float32 (`float32_softmax`); the probabilities come back in the logits' dtype.
+
   Args:
     logits: [..., m] float tensor.
     allowed: bool tensor broadcastable to logits.
   Returns:
-    [..., m] probabilities.
+    [..., m] probabilities of the logits' dtype.
   """
+  if logits.dtype.base_dtype in norm.LOW_PRECISION:
+    return float32_softmax(logits, allowed)
   return tf.nn.softmax(tf.where(allowed, logits, mask_value(logits.dtype)))
+
+
+def float32_softmax(logits, allowed):
+  """`masked_softmax` of low-precision logits computed in float32, the probabilities rounded
+  back to the logits' dtype. The backward pass keeps only those rounded probabilities p (not a
+  float32 copy) and computes dlogits = p (dp - sum(dp p)) in float32.
+
+  Args:
+    logits: [..., m] bfloat16 / float16 tensor.
+    allowed: bool tensor broadcastable to logits.
+  Returns:
+    [..., m] probabilities of the logits' dtype.
+  """
+  dtype = logits.dtype.base_dtype
+
+  @tf.custom_gradient
+  def softmax(x):
+    wide = tf.where(allowed, tf.cast(x, tf.float32), mask_value(tf.float32))
+    probs = tf.cast(tf.nn.softmax(wide), dtype)
+
+    def grad(dprobs):
+      p, dp = tf.cast(probs, tf.float32), tf.cast(dprobs, tf.float32)
+      return tf.cast(p * (dp - tf.reduce_sum(dp * p, axis=-1, keepdims=True)), dtype)
+
+    return probs, grad
+
+  return softmax(logits)
 
 
 def ordered_softmax(logits, allowed):

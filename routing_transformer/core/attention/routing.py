@@ -110,6 +110,10 @@ def normalised_inputs(q, k, v, centroids, window, share_qk, padding, relative_ke
                       relative_values, name):
   """Validated routing inputs, queries and keys normalised (step 1).
 
+  q_hat and k_hat are in `common.compute_dtype` of q's dtype (float32 for bfloat16 q: the
+  centroid scores, the k-means statistics and losses and the cluster attention are computed
+  in float32); v keeps its dtype.
+
   Returns:
     (q_hat, k_hat [b, h, n, d] (the same tensor with share_qk), v, stop_gradient(centroids)
     [h, c, d], padding bool [b, n] or None, relative_keys, relative_values).
@@ -119,8 +123,9 @@ def normalised_inputs(q, k, v, centroids, window, share_qk, padding, relative_ke
   centroids = tf.convert_to_tensor(centroids)
   check_routing(n, depth, centroids, window, name)
   pad = common.key_padding(padding, None, n, name)
-  q_hat = common.layer_norm_no_scale(q)
-  k_hat = q_hat if share_qk else common.layer_norm_no_scale(k)
+  wide = common.compute_dtype(q.dtype)
+  q_hat = common.layer_norm_no_scale(q, dtype=wide)
+  k_hat = q_hat if share_qk else common.layer_norm_no_scale(k, dtype=wide)
   # No gradient reaches the centroids through routing (top-k and argmax are discrete).
   return q_hat, k_hat, v, tf.stop_gradient(centroids), pad, relative_keys, relative_values
 
@@ -205,14 +210,15 @@ def cluster_attention(aux, v, window, causal, key_padding=None, relative_keys=No
     exclude_self, logit_scale: the extensions of `routing_attention`.
     dropout_rate: attention dropout on the weights (`common.attention_dropout`).
   Returns:
-    (output [b, h, n, d], aux).
+    (output [b, h, n, d] of v's dtype, aux). Logits, softmax, values and the scatter are
+    computed in q_hat's dtype (float32 when v is bfloat16).
   """
   q_hat, query_indices, key_indices = aux["q_hat"], aux["query_indices"], aux["key_indices"]
   n = q_hat.shape[2]
   q_c = gather_clusters(q_hat, query_indices)  # [b, h, c, w, d]
   shared = aux["k_hat"] is q_hat and key_indices is query_indices  # share_qk: one gather
   k_c = q_c if shared else gather_clusters(aux["k_hat"], key_indices)
-  v_c = gather_clusters(v, key_indices)
+  v_c = gather_clusters(tf.cast(v, q_hat.dtype), key_indices)
   logits = tf.matmul(q_c, k_c, transpose_b=True)  # [b, h, c, w, w]
   ranks = tf.range(window)
   if relative_keys is not None:
@@ -254,7 +260,7 @@ def cluster_attention(aux, v, window, causal, key_padding=None, relative_keys=No
   aux["member_count"] = count[..., 0]
   aux["self_weight"] = (scatter_clusters(self_probs, query_indices, n) /
                         (count + COUNT_EPSILON))[..., 0]
-  return summed / (count + COUNT_EPSILON), aux
+  return tf.cast(summed / (count + COUNT_EPSILON), v.dtype), aux
 
 
 def routing_attention(q, k, v, centroids, window, causal=True, share_qk=True, padding=None,
@@ -282,8 +288,11 @@ def routing_attention(q, k, v, centroids, window, causal=True, share_qk=True, pa
       per-head [h] tensor multiplying the logits (relative logits included).
     dropout_rate: attention dropout on the weights (hparam `attention_dropout` in TRAIN mode).
     padding_as_original: padding as the original release treats it (`padding_roles`).
+  With bfloat16 (float16) q, k, v (hparam `activation_dtype`), everything after the
+  normalisation (scores, k-means terms, cluster logits, softmax, values) is computed in float32
+  and only the output is cast back.
   Returns:
-    (output [b, h, n, d], aux) where aux holds
+    (output [b, h, n, d] of v's dtype, aux) where aux holds
       "query_clusters": int32 [b, h, n] argmax centroid of each q_hat,
       "key_clusters": the same for k_hat (only when not share_qk),
       "commitment_loss": float32 scalar mean((x - stop_gradient(mu[argmax x]))^2) over real
