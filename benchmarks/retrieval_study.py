@@ -178,9 +178,6 @@ def main(argv=None):
   hparams = make_hparams()
   if "query_shape" in hparams.values():
     reach = cost.local_receptive_field(hparams, n, as_local=True)
-    if not reach:  # no local heads: split where its blocks would reach as local heads (191)
-      reach = min(hparams.query_shape[0] - 1 +
-                  hparams.num_decoder_layers * hparams.memory_flange[0], n - 1)
     flops_vs_full, memory_vs_full = cost.relative_to_full(hparams, n)
   else:  # a peer without local heads: full attention, "far" past the tiny sets' reach
     reach = cost.local_receptive_field(

@@ -257,10 +257,12 @@ def test_band_metrics_count_exactly_the_answers_of_their_band():
       "accuracy_d2_64", "accuracy_d65_191", "accuracy_d192_1000"}  # no model: bands only
   problem = registry.problem("long_range_retrieval_1k_mixed")
   assert "far_accuracy" in problem.eval_metric_fns(hp)
-  full = registry.hparams("full_transformer_tiny1k")  # splits where its local twin would
-  correct, weights = _metric_values(retrieval.mixed_metric_fns(layout, full)["far_accuracy"],
-                                    labels, predictions, layout.vocab_size)
-  np.testing.assert_array_equal(weights, (dists > 191).astype(np.float32))
+  for twin in ("full_transformer_tiny1k", "routing_only_transformer_tiny1k"):
+    # full attention and routing heads alone split where their local twin would
+    correct, weights = _metric_values(
+        retrieval.mixed_metric_fns(layout, registry.hparams(twin))["far_accuracy"], labels,
+        predictions, layout.vocab_size)
+    np.testing.assert_array_equal(weights, (dists > 191).astype(np.float32))
 
 
 def test_full_attention_reaches_everything_but_as_local_gives_its_twins_reach():
@@ -269,3 +271,6 @@ def test_full_attention_reaches_everything_but_as_local_gives_its_twins_reach():
   assert cost.local_receptive_field(full) == 1023
   assert cost.local_receptive_field(full, as_local=True) == 191 == cost.local_receptive_field(
       registry.hparams("local_transformer_tiny1k"))
+  routing_only = registry.hparams("routing_only_transformer_tiny1k")  # no local heads at all
+  assert cost.local_receptive_field(routing_only) == 0
+  assert cost.local_receptive_field(routing_only, as_local=True) == 191

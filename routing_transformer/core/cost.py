@@ -43,11 +43,14 @@ def local_receptive_field(hparams, length=None, as_local=False):
   layers: the first hop from a query at the end of its block reaches b - 1 + m back (its block
   start, then the flange m), every further layer with such heads m more (it hops from a block
   start); the residual stream carries positions through other layers unchanged. So
-  (b - 1) + L m with L the layers that have non-routing heads; full attention: n - 1 (with
-  `as_local`: the reach its query_shape / memory_flange would give local heads)."""
+  (b - 1) + L m with L the layers that have non-routing heads; full attention: n - 1. With
+  `as_local`: the reach of the model's local twin (its query_shape / memory_flange, every
+  decoder layer with local heads), so every model of a family, full attention and routing
+  heads alone included, is split at the same distance."""
   n = length or length_of(hparams)
   block, flange = local_span(hparams, n, as_local)
-  num_local = sum(1 for i in range(hparams.num_decoder_layers) if layer_heads(hparams, i)[1])
+  layers = range(hparams.num_decoder_layers)
+  num_local = len(layers) if as_local else sum(1 for i in layers if layer_heads(hparams, i)[1])
   if not num_local:
     return 0
   return min(block - 1 + num_local * flange, n - 1)
