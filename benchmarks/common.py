@@ -97,6 +97,15 @@ def cpu_model():
   return platform.processor() or platform.machine()
 
 
+def cpu_flag(flag):
+  """Whether /proc/cpuinfo lists `flag` (e.g. avx512_bf16); None where unreadable."""
+  try:
+    with open("/proc/cpuinfo") as f:
+      return any(line.startswith("flags") and flag in line.split() for line in f)
+  except OSError:
+    return None
+
+
 def peak_rss_mb():
   """Peak resident set size of this process in MiB: ru_maxrss (and VmHWM where /proc has it;
   the larger of the two, which agree on Linux)."""

@@ -80,15 +80,6 @@ def available_bytes():
   return None
 
 
-def cpu_flag(flag):
-  """Whether /proc/cpuinfo lists `flag` (e.g. avx512_bf16); None where unreadable."""
-  try:
-    with open("/proc/cpuinfo") as f:
-      return any(line.startswith("flags") and flag in line.split() for line in f)
-  except OSError:
-    return None
-
-
 def memory_limit(memory_gb):
   """(limit in bytes, how it was chosen): --memory_gb GB, or the available memory less 1 GiB."""
   wanted = int(memory_gb * 1e9)
@@ -320,7 +311,7 @@ def main(argv=None):
   limit, chosen = memory_limit(args.memory_gb)
   info = common.start("train_memory", part=args.part, vocab=args.vocab, chunk=args.chunk,
                       threads_used=args.threads, memory_limit_gib=limit / GIB,
-                      memory_limit_from=chosen, avx512_bf16=cpu_flag("avx512_bf16"))
+                      memory_limit_from=chosen, avx512_bf16=common.cpu_flag("avx512_bf16"))
   matmul = run_worker(args, ["matmul", "--threads", args.threads], limit)
   common.emit(matmul)
   if matmul.get("status") not in (None, "ok"):
