@@ -51,6 +51,14 @@ def _dropouts(hparams, rate):
   return hparams
 
 
+def _routing_switches(hparams):
+  """The two switches beyond the paper with which routing heads learn far look-ups
+  (docs/routing_learning.md, phase G): logits scaled by 1/sqrt(d), a query kept off itself."""
+  hparams.routing_logit_scale = "rsqrt_depth"
+  hparams.routing_exclude_self = True
+  return hparams
+
+
 def _no_relative(hparams):
   """Image sets: no relative positions ("-" in the table) but absolute positions.
 
@@ -391,9 +399,7 @@ def routing_only_transformer_tiny1k():
   tiny models learn none in 1,000 steps."""
   hparams = _heads(routing_transformer_tiny1k(), local=0, routing=4, skip_first=0, clusters=8,
                    window=128)
-  hparams.routing_logit_scale = "rsqrt_depth"
-  hparams.routing_exclude_self = True
-  return hparams
+  return _routing_switches(hparams)
 
 
 @registry.register_hparams
@@ -445,6 +451,23 @@ def pg19_local_cluster_tiny2k():
 def pg19_local_tiny2k():
   """`pg19_local_cluster_tiny2k` with local heads only (same head count, widths, layers)."""
   return _heads(pg19_local_cluster_tiny2k(), local=4, skip_first=1)
+
+
+@registry.register_hparams
+def pg19_routing_switches_tiny2k():
+  """`pg19_local_cluster_tiny2k` (the demo's routing model) with the routing switches of
+  `routing_only_transformer_tiny1k` (`benchmarks/books_routing_study.py`)."""
+  return _routing_switches(pg19_local_cluster_tiny2k())
+
+
+@registry.register_hparams
+def pg19_routing_only_tiny2k():
+  """`pg19_local_cluster_tiny2k` laid out as `routing_only_transformer_tiny1k`: four routing heads
+  in both layers (16 clusters x 128), no local heads, both switches
+  (`benchmarks/books_routing_study.py`)."""
+  hparams = _heads(pg19_local_cluster_tiny2k(), local=0, routing=4, skip_first=0, clusters=16,
+                   window=128)
+  return _routing_switches(hparams)
 
 
 @registry.register_hparams

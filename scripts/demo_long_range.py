@@ -16,8 +16,9 @@
    training speed, attention FLOPs and memory relative to full attention from the hparams) in
    demo_output/long_range/summary.{md,json};
 6. what routing learns (`routing_transformer.tools.analysis` on the routing run: attention patterns,
-   head focus, cluster occupancy, head JS divergence in <output>/analysis/) and the training
-   curves of all runs (`routing_transformer.tools.curves`, <output>/curves.png).
+   head focus, cluster occupancy, head JS divergence in <output>/analysis/), the training
+   curves of all runs (`routing_transformer.tools.curves`, <output>/curves.png) and their eval
+   accuracy per distance band over steps and wall time (<output>/accuracy.png).
 
     .venv/bin/python scripts/demo_long_range.py [--steps N] [--output demo_output/long_range]
 """
@@ -139,6 +140,58 @@ def decode_samples(run_dir, hparams_set, data_dir, output, num=3, extra_length=3
   return rows, recalled, pairs
 
 
+def accuracy_history(run_dir, tag):
+  """[(step, wall seconds since the run's first event, value)] of an eval scalar of a run."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  starts = [e.wall_time for path in glob.glob(os.path.join(run_dir, "events.out.tfevents.*"))
+            for e in tf.compat.v1.train.summary_iterator(path)][:1]
+  points = []
+  for path in glob.glob(os.path.join(run_dir, "eval*", "events.out.tfevents.*")):
+    for event in tf.compat.v1.train.summary_iterator(path):
+      points += [(int(event.step), event.wall_time, v.simple_value) for v in event.summary.value
+                 if v.tag.split("/")[-1] == tag]
+  start = starts[0] if starts else min((w for _, w, _ in points), default=0.0)
+  first = {}  # T2T evaluates the last step twice (continuous_train_and_eval): keep the first
+  for s, w, v in sorted(points):
+    first.setdefault(s, (s, w - start, v))
+  return list(first.values())
+
+
+def accuracy_plot(output, names, bands, chance):
+  """<output>/accuracy.png: each run's eval accuracy per distance band against step and wall
+  time (far band solid, nearer bands dashed/dotted); returns its path."""
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  fig, axes = plt.subplots(1, 2, figsize=(12, 4.2))
+  styles = ["-", "--", ":"]
+  for i, name in enumerate(names):
+    color = "C%d" % i
+    for band, style in zip(reversed(bands), styles):
+      points = accuracy_history(os.path.join(output, name), band)
+      if not points:
+        continue
+      label = "%s, %s back" % (name, band[len("accuracy_d"):].replace("_", "-"))
+      axes[0].plot([p[0] for p in points], [p[2] for p in points], style, color=color,
+                   marker="o")
+      axes[1].plot([p[1] / 60 for p in points], [p[2] for p in points], style, color=color,
+                   marker="o", label=label)
+  for ax, xlabel in zip(axes, ("step", "wall time (minutes)")):
+    ax.axhline(chance, color="grey", lw=0.8)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("look-up accuracy")
+    ax.set_ylim(0, 1)
+    ax.grid(alpha=0.3)
+  axes[1].legend(fontsize=7, loc="upper right")  # the slow run leaves that corner empty
+  axes[0].set_title("eval accuracy by distance band (grey: chance)")
+  axes[1].set_title("the same against wall time")
+  path = os.path.join(output, "accuracy.png")
+  fig.tight_layout()
+  fig.savefig(path, dpi=100)
+  plt.close(fig)
+  return path
+
+
 def main():
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   parser.add_argument("--steps", type=int, default=STEPS, help="training steps per model")
@@ -226,6 +279,7 @@ def main():
         "%s):\n" % os.path.join(args.output, "<model>.decodes.tsv") + generated)
   pictures(args.output, PROBLEM, data_dir, names,
            "Head focus and JS divergence of the routing model")
+  log("accuracy curves: %s" % accuracy_plot(args.output, names, bands, 1.0 / layout.num_values))
   log("done in %.0f s; outputs under %s" % (time.time() - started, args.output))
 
 
