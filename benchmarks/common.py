@@ -121,6 +121,18 @@ def peak_rss_mb():
   return peak
 
 
+def rss_mb():
+  """Current resident set size of this process in MiB (VmRSS; 0 where /proc is unreadable)."""
+  try:
+    with open("/proc/self/status") as f:
+      for line in f:
+        if line.startswith("VmRSS:"):
+          return int(line.split()[1]) / 1024.0
+  except OSError:
+    pass
+  return 0.0
+
+
 def machine():
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   return {"date": time.strftime("%Y-%m-%d"), "cpus": os.cpu_count(), "cpu_model": cpu_model(),

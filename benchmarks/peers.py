@@ -20,7 +20,9 @@ the same intra-op thread count (--threads, default: all cores):
   max_relative_position=0; local: 8 local heads).
 
 Every configuration runs in its own process (ours in this venv, the peer in its venv), and each
-reports the same memory measure: the peak resident set size of its process (ru_maxrss / VmHWM).
+reports the same memory measures: the peak resident set size of its process (ru_maxrss / VmHWM)
+and its baseline, the RSS before the first step (framework imported, model, optimizer and
+variables built).
 The same invocation records the CPU model and the dense fp32 matmul rate (2048^3) of TensorFlow
 and of PyTorch, each in its own process too, so ratios are read against the same machine.
 Utilisation = useful FLOP/s (train_step.useful_flops_per_token of our bench-8k model x tokens/s;
@@ -144,6 +146,7 @@ def peer_worker(steps, length, threads, warmup, profile=False):
   optimizer = torch.optim.Adafactor([p for p in model.parameters() if p.numel()], lr=0.01)
   tokens = torch.randint(1, 256, (1, length + 1))
   inputs, targets = tokens[:, :-1], tokens[:, 1:]
+  baseline = common.rss_mb()  # torch imported, model and optimizer built, before any step
 
   def step():
     logits, aux_loss = model(inputs)
@@ -157,6 +160,7 @@ def peer_worker(steps, length, threads, warmup, profile=False):
             "package": "routing-transformer 1.6.1", "torch": torch.__version__,
             "threads": torch.get_num_threads(), "seconds_per_step": seconds,
             "tokens_per_sec": length / seconds, "peak_rss_mb": common.peak_rss_mb(),
+            "baseline_rss_mb": baseline,
             "parameters": sum(p.numel() for p in model.parameters()), "steps": steps}
   if profile:  # after the peak is read: the profiler's own memory is not counted
     record["profile"] = torch_op_profile(step)
@@ -198,6 +202,7 @@ def ours_worker(name, steps, length, threads, warmup, profile=False):
   started = time.perf_counter()
   run, params = train_step.build_train_step(model, length, overrides, xla=xla)
   build = time.perf_counter() - started
+  baseline = common.rss_mb()  # TF and T2T imported, step built, variables initialised
   started = time.perf_counter()
   run()  # the first step (graph optimisation, allocations)
   first = time.perf_counter() - started
@@ -207,6 +212,7 @@ def ours_worker(name, steps, length, threads, warmup, profile=False):
                 ", %s=%s" % kv for kv in sorted(overrides.items())), ", XLA" if xla else ""),
             "tensorflow": tf.__version__, "threads": threads, "seconds_per_step": seconds,
             "tokens_per_sec": length / seconds, "peak_rss_mb": common.peak_rss_mb(),
+            "baseline_rss_mb": baseline,
             "graph_build_seconds": build, "first_step_seconds": first,
             "tf_cpu_allocator_bfc": os.environ.get("TF_CPU_ALLOCATOR_USE_BFC", ""),
             "useful_flops_per_token": train_step.useful_flops_per_token(

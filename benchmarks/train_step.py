@@ -111,7 +111,8 @@ def useful_flops_per_token(hparams, vocab):
 
 
 def build_train_step(name, length, overrides=None, vocab=VOCAB, xla=False):
-  """(run_step fn, parameter count) for one model (see KINDS) in its own graph and session;
+  """(run_step fn, parameter count) for one model (see KINDS) in its own graph and session (the
+  fn's attributes `graph` and `fetches` give the graph and the step's fetches);
   `overrides`: optional {hparam: value} set on top (e.g. recompute_layers=True); `xla`: XLA
   auto-clustering of the session (global_jit_level ON_1, the CPU proxy of --xla_compile), which
   on the CPU clusters only after common.enable_cpu_xla_autoclustering() ran before TF started."""
@@ -141,6 +142,7 @@ def build_train_step(name, length, overrides=None, vocab=VOCAB, xla=False):
 
   def run(**run_kwargs):  # run_kwargs: tf1.Session.run's options / run_metadata (profiles)
     sess.run([train_op, loss], feed, **run_kwargs)
+  run.graph, run.fetches = graph, [train_op, loss]  # for reading the graph (memory breakdown)
   return run, params
 
 

@@ -117,6 +117,83 @@ def test_geglu_activation_gradient_equals_the_plain_gradient(rng):
     np.testing.assert_allclose(got, want, rtol=1e-12)
 
 
+def geglu_graph(rng, dtype, chunk_rows, plain=False):
+  """(y, gradients of sum(y * cotangent) w.r.t. x and the three kernels, graph) of
+  layers.geglu_ffn over chunks of `chunk_rows` positions (or, plain=True, of plain_geglu) on
+  random x [2, 5, 8] and kernels (filter 24) in a new graph."""
+  graph = tf.Graph()
+  with graph.as_default():
+    x = tf.constant(rng.standard_normal((2, 5, 8)), dtype)
+    kernels = [tf.constant(rng.standard_normal(shape) * 0.5, dtype)
+               for shape in ((8, 24), (8, 24), (24, 8))]
+    cotangent = tf.constant(rng.standard_normal((2, 5, 8)), dtype)
+    y = (plain_geglu(x, *kernels) if plain else
+         layers.geglu_ffn(x, *kernels, chunk_rows=chunk_rows))
+    grads = tf1.gradients(tf.reduce_sum(y * cotangent), [x] + kernels)
+    values = run_graph([y, grads])
+  return values, graph
+
+
+@pytest.mark.parametrize("dtype,rtol,chunk_rows", [
+    (tf.float64, 1e-12, 3),   # 10 positions: chunks of 3, 3, 3 and 1
+    (tf.float64, 1e-12, 5),
+    (tf.float64, 1e-12, 64),  # one chunk
+    (tf.float32, 1e-5, 4)])
+def test_geglu_chunked_backward_equals_the_plain_gradient(dtype, rtol, chunk_rows):
+  """The GEGLU block's backward pass over chunks of positions: the output is the plain ops' bit
+  for bit, the gradients w.r.t. x and every kernel equal the plain ones."""
+  (y, grads), _ = geglu_graph(np.random.default_rng(7), dtype, chunk_rows)
+  (y_plain, grads_plain), _ = geglu_graph(np.random.default_rng(7), dtype, chunk_rows,
+                                          plain=True)
+  np.testing.assert_array_equal(y, y_plain)
+  for got, want, name in zip(grads, grads_plain, ["x", "weight1", "weight2", "weight3"]):
+    assert np.abs(want).max() > 0, name
+    np.testing.assert_allclose(got, want, rtol=rtol, atol=rtol * np.abs(want).max(), err_msg=name)
+
+
+def wide_backward_tensors(graph, filters, most_rows):
+  """Outputs of gradient ops (views apart) with `filters` columns and more than `most_rows`
+  positions: the [positions, filter] temporaries of a backward pass (kernels [8, f] apart)."""
+  return [t.name for op in graph.get_operations()
+          if op.name.startswith("gradients") and op.type not in ("Reshape", "Identity")
+          for t in op.outputs
+          if t.dtype.is_floating and t.shape.rank and t.shape[-1] == filters and
+          t.shape.as_list() != [8, filters] and t.shape.num_elements() > most_rows * filters]
+
+
+def test_geglu_backward_temporaries_hold_one_chunk_of_positions():
+  """Every [positions, filter] tensor the chunked backward pass computes holds at most one chunk
+  of positions (the plain backward's hold all 10), and the chunks run one after the other: each
+  chunk's slices of x, a, b and dy wait for the incoming gradient or the previous chunk."""
+  _, graph = geglu_graph(np.random.default_rng(7), tf.float32, 3)
+  _, plain = geglu_graph(np.random.default_rng(7), tf.float32, 3, plain=True)
+  assert len(wide_backward_tensors(plain, 24, 3)) >= 4
+  assert not wide_backward_tensors(graph, 24, 3)
+  slices = [op for op in graph.get_operations()
+            if op.name.startswith("gradients") and op.type == "Slice"]
+  assert len(slices) == 4 * 4  # 4 chunks x (x, a, b, dy)
+  # The wait is on each slice or on its begin (the constant made inside the same
+  # control_dependencies block, which the slice then needs).
+  assert all(op.control_inputs or op.inputs[1].op.control_inputs for op in slices)
+  assert layers.row_chunks(10, 3) == [(0, 3), (3, 3), (6, 3), (9, 1)]
+
+
+def test_model_gradients_with_a_chunked_ffn_backward_equal_one_chunk(rng, monkeypatch):
+  """The whole training step with the FFN backward in chunks of 48 of the 2 x 64 positions
+  (48, 48, 32) and in one chunk: the same loss, every gradient equal."""
+  features = {"targets": random_targets(rng, length=64, pad_from=50)}
+  monkeypatch.setattr(layers, "FFN_BACKWARD_ROWS", 4096)
+  before, loss, grads, _ = model_step(small_hparams(), features)
+  monkeypatch.setattr(layers, "FFN_BACKWARD_ROWS", 48)
+  _, loss2, grads2, _ = model_step(small_hparams(), features, before)
+  np.testing.assert_allclose(loss2, loss, rtol=1e-7)
+  assert set(grads2) == set(grads)
+  ffn = [name for name in grads if "/ffn/weight" in name]
+  assert len(ffn) == 6, ffn  # 2 layers x 3 kernels
+  for name, g in grads.items():
+    np.testing.assert_allclose(grads2[name], g, rtol=1e-5, atol=1e-6, err_msg=name)
+
+
 # --- chunked output projection + cross-entropy ------------------------------------------------
 
 def sparse_xent(logits, labels):
@@ -615,3 +692,75 @@ def test_useful_flops_per_token_hand_numbers():
   full = train_step.model_hparams("full", 1024)
   assert full.full_attention and full.sparsity_cluster_num_heads == 0
   assert train_step.model_hparams("routing", 32768).sparsity_cluster_size == 64
+
+
+def test_memory_breakdown_counts_what_the_needed_gradient_ops_read():
+  """benchmarks/step_memory_breakdown.py's kept tensors: what the gradient ops the fetches need
+  read from the forward pass, in bytes (y = tanh(x w): dw reads x and tanh's output y; the
+  gradient of x, which would read w, is not fetched, so w is not kept)."""
+  import os  # pylint: disable=g-import-not-at-top
+  import sys  # pylint: disable=g-import-not-at-top
+  sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                  "benchmarks"))
+  import step_memory_breakdown  # pylint: disable=g-import-not-at-top
+  graph = tf.Graph()
+  with graph.as_default():
+    x = tf.exp(tf.constant(np.ones((4, 3), np.float32)))
+    w = tf.exp(tf.constant(np.ones((3, 5), np.float32)))
+    y = tf.tanh(tf.reshape(tf.matmul(x, w), [20]))
+    dw, = tf1.gradients(tf.reduce_sum(tf.reshape(y, [4, 5])), [w])
+    kept, _, _ = step_memory_breakdown.kept_for_backward(graph, [dw])
+  floats = {name: value[0] for name, value in kept.items() if value[0] >= 48}
+  assert floats == {x.name: 4 * 3 * 4, y.name: 20 * 4}, kept
+  assert step_memory_breakdown.label_frames(
+      [("common.py", "skew"), ("common.py", "relative_logits"), ("local.py", "local_attention"),
+       ("heads.py", "local_heads_attention"), ("model.py", "block")]) == (
+           "local heads", "skew < relative_logits")
+
+
+# --- relative positions: the per-distance weights' recomputation -------------------------------
+
+def ancestors(op):
+  """Names of the ops `op` waits for (data and control inputs, transitively)."""
+  seen, stack = set(), [op]
+  while stack:
+    current = stack.pop()
+    for before in [t.op for t in current.inputs] + list(current.control_inputs):
+      if before.name not in seen:
+        seen.add(before.name)
+        stack.append(before)
+  return seen
+
+
+def gradient_ops_before_the_backward_pass(graph, grads, size):
+  """Gradient ops that `grads` need, with an output of at least `size` elements, that do not wait
+  for the tensor named "seed" (the incoming gradient): the executor may run them during the
+  forward pass."""
+  needed = set().union(*[ancestors(g.op) | {g.op.name} for g in grads])
+  found = []
+  for op in graph.get_operations():
+    if op.name.startswith("gradients") and op.name in needed and any(
+        t.shape.is_fully_defined() and t.shape.num_elements() >= size for t in op.outputs):
+      if "seed" not in ancestors(op):
+        found.append(op.name)
+  return found
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_relative_outputs_recomputation_waits_for_the_incoming_gradient(rng, causal):
+  """The backward pass of common.relative_outputs recomputes the per-distance weights (a pad of
+  the probabilities) only once the incoming gradient exists; without that wait the executor ran
+  the recomputation of every layer early and kept it until the backward pass (0.5 GiB of
+  bench-8k's peak). Values and gradients: tests/test_relative_positions.py."""
+  graph = tf.Graph()
+  with graph.as_default():
+    probs = tf.nn.softmax(tf.constant(rng.standard_normal((2, 3, 8, 9))))
+    table = tf.constant(rng.standard_normal((17, 4)))
+    out = common.relative_outputs(probs, table, 0, -1, causal=causal)
+    seed = tf.identity(tf.constant(rng.standard_normal(out.shape.as_list())), name="seed")
+    dprobs, dtable = tf1.gradients(out, [probs, table], grad_ys=seed)
+    pads = [op for op in graph.get_operations()
+            if op.name.startswith("gradients") and op.type == "Pad"]
+  assert pads  # the recomputed unskew
+  assert not gradient_ops_before_the_backward_pass(graph, [dprobs, dtable], 2 * 3 * 8 * 9)
+  assert dprobs is not None and dtable is not None

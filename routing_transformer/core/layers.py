@@ -349,20 +349,78 @@ def geglu_output(a, b, kernel):
   return apply_kernel(geglu_hidden(a, b), kernel), grad
 
 
+FFN_BACKWARD_ROWS = 1024  # positions per chunk of the GEGLU block's backward pass
+
+
+def row_chunks(rows, size):
+  """[(start, size)] covering range(rows) in consecutive chunks of `size` (the last shorter)."""
+  return [(start, min(size, rows - start)) for start in range(0, rows, size)]
+
+
+def geglu_ffn(x, w1, w2, w3, chunk_rows=None):
+  """The GEGLU block (gelu(x W1) * (x W2)) W3: x [..., hidden] (leading dims static), kernels
+  [hidden, f], [hidden, f], [f, hidden] -> [..., hidden].
+
+  The backward pass keeps x, a = x W1 and b = x W2 (what the plain ops' matmul gradients read
+  anyway) and runs over `chunk_rows` positions at a time, one chunk after the other: each chunk
+  recomputes gelu(a) * b of its rows, differentiates those ops, and takes its share of the
+  gradients of x and of the three kernels. The [positions, f] temporaries of the backward pass
+  (gelu's intermediates, the product, their gradients) then exist for one chunk of rows at a
+  time instead of for all positions (chunk_rows: default FFN_BACKWARD_ROWS). The output is the
+  plain ops'; the gradients are theirs up to the order of the sums over rows (a kernel's
+  gradient adds the chunks' products)."""
+  rows = x.shape[:-1].num_elements()
+  chunk_rows = chunk_rows or FFN_BACKWARD_ROWS
+
+  @tf.custom_gradient
+  def block(x, w1, w2, w3):
+    with tf.name_scope("weight1"):
+      a = apply_kernel(x, w1)
+    with tf.name_scope("weight2"):
+      b = apply_kernel(x, w2)
+
+    def grad(dy):
+      flat = [tf.reshape(t, [rows, t.shape[-1]]) for t in (x, a, b, dy)]
+      dxs, sums, after = [], None, [dy]
+      for start, size in row_chunks(rows, chunk_rows):
+        with tf.control_dependencies(after):  # one chunk after the other
+          x_c, a_c, b_c, dy_c = [tf.slice(t, [start, 0], [size, -1]) for t in flat]
+        da, db, dw3 = tf.gradients(tf.matmul(geglu_hidden(a_c, b_c), w3), [a_c, b_c, w3], dy_c)
+        dxs.append(tf.matmul(da, w1, transpose_b=True) + tf.matmul(db, w2, transpose_b=True))
+        parts = [tf.matmul(x_c, da, transpose_a=True), tf.matmul(x_c, db, transpose_a=True), dw3]
+        sums = parts if sums is None else [s + p for s, p in zip(sums, parts)]
+        after = [dxs[-1]] + sums
+      dx = tf.reshape(tf.concat(dxs, axis=0) if len(dxs) > 1 else dxs[0], x.shape)
+      return [dx] + sums
+
+    return apply_kernel(geglu_hidden(a, b), w3), grad
+
+  return block(x, w1, w2, w3)
+
+
 def ffn(x, hparams, train=False):
   """Feed-forward block: GEGLU (gelu(x W1) * (x W2)) W3 without biases, or dense-relu-dense.
 
-  GEGLU keeps only x W1 and x W2 for its backward pass (`geglu_output`; with relu_dropout in
-  training, `geglu_activation` and the dropped product)."""
+  GEGLU (variables `weight1/kernel`, `weight2/kernel`, `weight3/kernel`, as `dense` creates
+  them) keeps only x, x W1 and x W2 for its backward pass, which runs FFN_BACKWARD_ROWS positions
+  at a time (`geglu_ffn`); with relu_dropout in training, or leading dims not static,
+  `geglu_activation` / `geglu_output` on the whole tensors."""
   if hparams.ffn_layer == "geglu":
-    a = dense(x, hparams.filter_size, "weight1")
-    b = dense(x, hparams.filter_size, "weight2")
-    kernel = dense_kernel("weight3", hparams.filter_size, hparams.hidden_size,
-                          x.dtype.base_dtype)
-    if train and hparams.relu_dropout:
+    dtype, hidden, filters = x.dtype.base_dtype, x.shape[-1], hparams.filter_size
+    w1, w2 = [tf.convert_to_tensor(dense_kernel(name, hidden, filters, dtype))
+              for name in ("weight1", "weight2")]
+    w3 = tf.convert_to_tensor(dense_kernel("weight3", filters, hparams.hidden_size, dtype))
+    dropout = train and hparams.relu_dropout
+    if x.shape[:-1].is_fully_defined() and not dropout:
+      return geglu_ffn(x, w1, w2, w3)
+    with tf.name_scope("weight1"):
+      a = apply_kernel(x, w1)
+    with tf.name_scope("weight2"):
+      b = apply_kernel(x, w2)
+    if dropout:
       h = tf.nn.dropout(geglu_activation(a, b), rate=hparams.relu_dropout)
-      return apply_kernel(h, tf.convert_to_tensor(kernel))
-    return geglu_output(a, b, tf.convert_to_tensor(kernel))
+      return apply_kernel(h, w3)
+    return geglu_output(a, b, w3)
   if hparams.ffn_layer == "dense_relu_dense":  # T2T's names; variable-scoped (decode reuses them)
     h = tf.nn.relu(dense(x, hparams.filter_size, "conv1", use_bias=True))
     if train and hparams.relu_dropout:

@@ -296,14 +296,19 @@ def relative_outputs(probs, table, query_start, key_start, causal=False):
 def _distance_weighted_rows(probs, rows):
   """unskew(probs) . rows; the backward pass recomputes unskew(probs) (a pad and a reshape)
   instead of keeping the [..., q, q + k - 1] per-distance weights alive from the forward pass
-  (probs itself is kept anyway by the softmax and the value matmul)."""
+  (probs itself is kept anyway by the softmax and the value matmul). The recomputation waits
+  for the incoming gradient: without that wait nothing orders it after the forward pass, and
+  the executor ran it early, keeping every layer's per-distance weights alive until the
+  backward pass."""
   num_keys, num_distances = probs.shape[-1], rows.shape[0]
   axis = probs.shape.rank - 1
   out = tf.tensordot(unskew(probs, num_distances), rows, [[axis], [0]])
 
   def grad(dout):
     dprobs = skew(tf.tensordot(dout, rows, [[axis], [1]]), num_keys)
-    per_distance = tf.reshape(unskew(probs, num_distances), [-1, num_distances])
+    with tf.control_dependencies([dout]):
+      waiting = tf.identity(probs)
+    per_distance = tf.reshape(unskew(waiting, num_distances), [-1, num_distances])
     drows = tf.matmul(per_distance, tf.reshape(dout, [-1, rows.shape[1]]), transpose_a=True)
     return dprobs, drows
 
