@@ -11,6 +11,7 @@ data-parallel shards are built, `model_fn_sharded` averages them over shards (cr
 on TPU) and applies one EMA update per layer, so every shard keeps identical centroids.
 """
 import collections
+import functools
 
 import tensorflow as tf
 
@@ -20,6 +21,7 @@ from routing_transformer.core import chunked_loss
 from routing_transformer.core import health
 from routing_transformer.core import kmeans
 from routing_transformer.core import layers
+from routing_transformer.core import norm
 from routing_transformer.core import recompute
 
 compat.patch_tensor2tensor()
@@ -126,6 +128,35 @@ def cross_replica_sum(counts, sums):
   return tf1.tpu.cross_replica_sum(counts), tf1.tpu.cross_replica_sum(sums)
 
 
+def prepostprocess(previous, x, sequence, hparams, default_name):
+  """T2T's `common_layers.layer_prepostprocess` (steps "a", "z", "d", "n" of `sequence`; the same
+  variable scopes, variables and values), its layer norm (`norm_type` "layer") computed by
+  `norm.layer_norm`, whose backward pass keeps only its input; other norm types go to T2T."""
+  if hparams.norm_type != "layer":
+    process = (common_layers.layer_preprocess if previous is None else
+               functools.partial(common_layers.layer_postprocess, previous))
+    return process(x, hparams)
+  with tf1.variable_scope(None, default_name=default_name):
+    if sequence == "none":
+      return x
+    for step in sequence:
+      if step == "a":
+        x += previous
+      elif step == "z":
+        x = common_layers.zero_add(previous, x)
+      elif step == "n":
+        with tf1.variable_scope(None, default_name="layer_norm", values=[x]):
+          scale, bias = common_layers.layer_norm_vars(common_layers.shape_list(x)[-1])
+          x = norm.layer_norm(x, scale, bias, hparams.norm_epsilon)
+      else:
+        assert step == "d", "unknown sequence step %s" % step
+        x = common_layers.dropout_with_broadcast_dims(
+            x, 1.0 - hparams.layer_prepostprocess_dropout,
+            broadcast_dims=common_layers.comma_separated_string_to_integer_list(
+                getattr(hparams, "layer_prepostprocess_dropout_broadcast_dims", "")))
+    return x
+
+
 @registry.register_model
 class RoutingTransformer(t2t_model.T2TModel):
   """Routing Transformer LM / encoder-decoder (Roy et al., 2021)."""
@@ -186,14 +217,19 @@ class RoutingTransformer(t2t_model.T2TModel):
     return self.preprocess(x)
 
   def preprocess(self, x):
-    """T2T's layer_preprocess, its normalisation in float32 (`in_float32`)."""
-    return self.in_float32(common_layers.layer_preprocess, self.hparams.layer_preprocess_sequence,
-                           x)
+    """T2T's layer_preprocess (`prepostprocess`), its normalisation in float32 (`in_float32`)."""
+    sequence = self.hparams.layer_preprocess_sequence
+    return self.in_float32(
+        lambda x, hparams: prepostprocess(None, x, sequence, hparams, "layer_prepostprocess"),
+        sequence, x)
 
   def postprocess(self, x, y):
-    """T2T's layer_postprocess (residual x + y), its normalisation in float32 (`in_float32`)."""
-    return self.in_float32(common_layers.layer_postprocess,
-                           self.hparams.layer_postprocess_sequence, x, y)
+    """T2T's layer_postprocess (residual x + y; `prepostprocess`), its normalisation in float32
+    (`in_float32`)."""
+    sequence = self.hparams.layer_postprocess_sequence
+    return self.in_float32(
+        lambda x, y, hparams: prepostprocess(x, y, sequence, hparams, "layer_postprocess"),
+        sequence, x, y)
 
   def in_float32(self, process, sequence, *tensors):
     """process(*tensors, hparams); with bfloat16 activations and a normalisation ("n") in the
