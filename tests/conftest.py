@@ -37,7 +37,8 @@ FIRST = (
     "test_t2t_decoder.py",       # 8 t2t-decoder runs on the shared trained run
     "test_mtf_trainer.py",       # the Mesh-TF run
     # the longest modules that are not `slow`
-    "test_health.py", "test_mtf_model.py", "test_problems.py", "test_keras.py",
+    "test_health.py", "test_step_memory.py", "test_mtf_model.py", "test_problems.py",
+    "test_keras.py",
     "test_recompute.py", "test_causal_window.py", "test_analysis.py", "test_books.py",
     "test_probes.py", "test_decoding.py", "test_scoring.py", "test_compat.py",
 )
