@@ -218,6 +218,26 @@ def test_inconsistent_hparams_fail_with_the_fix(overrides, message):
     model_lib.check_hparams(small_hparams(**overrides))
 
 
+@pytest.mark.parametrize("overrides,message", [
+    ("max_length=500,max_target_length=500",
+     "not a multiple of query_shape=64; use e.g. max_length=512"),
+    ("sparsity_cluster_size=4", "use sparsity_cluster_size >= 8"),
+    ("local_num_heads=3",
+     "hidden_size=128 is not divisible by local_num_heads + sparsity_cluster_num_heads = 5"),
+    ("sparsity_cluster_size=0", "needs sparsity_cluster_size > 0"),
+])
+def test_tiny_set_errors_name_the_fix(overrides, message):
+  """The one-line errors t2t-trainer prints for `--hparams_set=routing_transformer_tiny
+  --hparams=...` (test_t2t_binaries runs two of them through the binary)."""
+  import hparams  # pylint: disable=g-import-not-at-top,unused-import
+  from tensor2tensor.utils import registry  # pylint: disable=g-import-not-at-top
+  hp = registry.hparams("routing_transformer_tiny")
+  hp.parse(overrides)
+  with pytest.raises(model_lib.HParamsError) as error:
+    model_lib.check_hparams(hp)
+  assert message in str(error.value) and "\n" not in str(error.value)
+
+
 def test_every_project_hparams_set_passes_the_model_checks():
   import hparams  # pylint: disable=g-import-not-at-top
   from tensor2tensor.utils import registry  # pylint: disable=g-import-not-at-top
