@@ -24,11 +24,12 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "scripts"))
-from t2t_runs import eval_metrics, log, python_module, quiet_tensorflow, train, train_speed  # pylint: disable=g-import-not-at-top,wrong-import-position
+import demo  # pylint: disable=g-import-not-at-top,wrong-import-position
+from t2t_runs import eval_metrics, log, quiet_tensorflow, train, train_speed  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 quiet_tensorflow()
-PROBLEM = "pg19_length2k"
-DEMO = {"routing": "pg19_local_cluster_tiny2k", "local": "pg19_local_tiny2k"}  # scripts/demo.py
+PROBLEM = demo.PROBLEM
+DEMO = dict(demo.MODELS)  # the runs of `make demo`
 MODELS = {"switches": "pg19_routing_switches_tiny2k", "routing_only": "pg19_routing_only_tiny2k"}
 LENGTHS = (256, 512, 1024, 2048)
 
@@ -45,13 +46,10 @@ def demo_run(demo_output, name, steps):
 
 
 def test_report(run_dir, hparams_set, data_dir):
-  """routing_transformer.tools.evaluate on the test books (the JSON report), as `make demo`."""
+  """`make demo`'s test-book evaluation (scripts/demo.py `evaluate_test`), read back when done."""
   out = run_dir + ".test.json"
   if not os.path.exists(out):
-    python_module("routing_transformer.tools.evaluate", [
-        "--problem=" + PROBLEM, "--data_dir=" + data_dir, "--hparams_set=" + hparams_set,
-        "--checkpoint=" + run_dir, "--split=test", "--batch_size=4", "--output_json=" + out],
-                  run_dir + ".evaluate.log")
+    return demo.evaluate_test(run_dir, hparams_set, data_dir)
   with open(out) as f:
     return json.load(f)
 
