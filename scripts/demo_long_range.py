@@ -140,35 +140,31 @@ def decode_samples(run_dir, hparams_set, data_dir, output, num=3, extra_length=3
   return rows, recalled, pairs
 
 
-def accuracy_history(run_dir, tag):
-  """[(step, wall seconds since the run's first event, value)] of an eval scalar of a run."""
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  starts = [e.wall_time for path in glob.glob(os.path.join(run_dir, "events.out.tfevents.*"))
-            for e in tf.compat.v1.train.summary_iterator(path)][:1]
-  points = []
-  for path in glob.glob(os.path.join(run_dir, "eval*", "events.out.tfevents.*")):
-    for event in tf.compat.v1.train.summary_iterator(path):
-      points += [(int(event.step), event.wall_time, v.simple_value) for v in event.summary.value
-                 if v.tag.split("/")[-1] == tag]
-  start = starts[0] if starts else min((w for _, w, _ in points), default=0.0)
-  first = {}  # T2T evaluates the last step twice (continuous_train_and_eval): keep the first
-  for s, w, v in sorted(points):
-    first.setdefault(s, (s, w - start, v))
-  return list(first.values())
+def accuracy_history(run_dir, bands):
+  """{band: [(step, wall seconds since the run's first training event, value)]} of the eval
+  metrics `bands` (e.g. "accuracy_d192_1000") of a run, one point per step
+  (`curves.last_per_step`)."""
+  from routing_transformer.tools import curves  # pylint: disable=g-import-not-at-top
+  train = curves.read_scalars(glob.glob(os.path.join(run_dir, "events.out.tfevents.*")), None)
+  evals = glob.glob(os.path.join(run_dir, "eval*", "events.out.tfevents.*"))
+  history = {band: curves.last_per_step(curves.read_scalars(
+      evals, "metrics-%s/targets/%s" % (PROBLEM, band))) for band in bands}
+  start = min((w for _, w, _ in train), default=0.0)
+  return {band: [(s, w - start, v) for s, w, v in points] for band, points in history.items()}
 
 
 def accuracy_plot(output, names, bands, chance):
   """<output>/accuracy.png: each run's eval accuracy per distance band against step and wall
   time (far band solid, nearer bands dashed/dotted); returns its path."""
-  import matplotlib  # pylint: disable=g-import-not-at-top
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  from routing_transformer.tools import curves  # pylint: disable=g-import-not-at-top
+  plt = curves.pyplot()
   fig, axes = plt.subplots(1, 2, figsize=(12, 4.2))
   styles = ["-", "--", ":"]
   for i, name in enumerate(names):
     color = "C%d" % i
+    history = accuracy_history(os.path.join(output, name), bands)
     for band, style in zip(reversed(bands), styles):
-      points = accuracy_history(os.path.join(output, name), band)
+      points = history[band]
       if not points:
         continue
       label = "%s, %s back" % (name, band[len("accuracy_d"):].replace("_", "-"))
