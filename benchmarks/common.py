@@ -106,31 +106,29 @@ def cpu_flag(flag):
     return None
 
 
+def proc_status_kib(field):
+  """A field of /proc/self/status (VmRSS, VmHWM) in KiB; 0 where unreadable."""
+  try:
+    with open("/proc/self/status") as f:
+      for line in f:
+        if line.startswith(field + ":"):
+          return int(line.split()[1])
+  except OSError:
+    pass
+  return 0
+
+
 def peak_rss_mb():
   """Peak resident set size of this process in MiB: ru_maxrss (and VmHWM where /proc has it;
   the larger of the two, which agree on Linux)."""
   import resource  # pylint: disable=g-import-not-at-top
   peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # KiB on Linux
-  try:
-    with open("/proc/self/status") as f:
-      for line in f:
-        if line.startswith("VmHWM:"):
-          peak = max(peak, int(line.split()[1]) / 1024.0)
-  except OSError:
-    pass
-  return peak
+  return max(peak, proc_status_kib("VmHWM") / 1024.0)
 
 
 def rss_mb():
   """Current resident set size of this process in MiB (VmRSS; 0 where /proc is unreadable)."""
-  try:
-    with open("/proc/self/status") as f:
-      for line in f:
-        if line.startswith("VmRSS:"):
-          return int(line.split()[1]) / 1024.0
-  except OSError:
-    pass
-  return 0.0
+  return proc_status_kib("VmRSS") / 1024.0
 
 
 def machine():

@@ -83,14 +83,7 @@ OURS = ("routing_transformer", "tensor2tensor")  # package directories whose fra
 
 def status_bytes(field):
   """A field of /proc/self/status (VmRSS, VmHWM) in bytes; 0 where unreadable."""
-  try:
-    with open("/proc/self/status") as f:
-      for line in f:
-        if line.startswith(field + ":"):
-          return int(line.split()[1]) * 1024
-  except OSError:
-    pass
-  return 0
+  return common.proc_status_kib(field) * 1024
 
 
 def reset_peak_rss():
