@@ -31,7 +31,6 @@ quiet_tensorflow()
 PROBLEM = demo.PROBLEM
 DEMO = dict(demo.MODELS)  # the runs of `make demo`
 MODELS = {"switches": "pg19_routing_switches_tiny2k", "routing_only": "pg19_routing_only_tiny2k"}
-LENGTHS = (256, 512, 1024, 2048)
 
 
 def demo_run(demo_output, name, steps):
@@ -63,28 +62,18 @@ def has_as_local_twin(hparams_set):
 
 
 def run_probes(runs, books_dir, data_dir, out_dir, inputs, seed=0):
-  """The probes on every (name, run_dir, hparams_set); returns (result, markdown)."""
-  from routing_transformer.tools import score  # pylint: disable=g-import-not-at-top
-  from routing_transformer.tools.probes import data  # pylint: disable=g-import-not-at-top
-  from routing_transformer.tools.probes import probe  # pylint: disable=g-import-not-at-top
+  """The probes on every (name, run_dir, hparams_set) and the as-local twin of each model with
+  both head kinds (`probes.demo.probe_specs`); returns (result, markdown)."""
+  from routing_transformer.tools.probes import demo as probes_demo  # pylint: disable=g-import-not-at-top
   from routing_transformer.tools.probes import report  # pylint: disable=g-import-not-at-top
   from routing_transformer.tools.probes import run as run_lib  # pylint: disable=g-import-not-at-top
-  from routing_transformer.tools.probes import scoring  # pylint: disable=g-import-not-at-top
-  from tensor2tensor.utils import registry  # pylint: disable=g-import-not-at-top
-  encoder = score.load_encoder(None, PROBLEM, data_dir)
-  books, _ = data.load_books(books_dir, "test", encoder, reading="lines",
-                             cache_dir=os.path.join(out_dir, "encoded"))
-  threshold = scoring.local_receptive_field(registry.hparams(DEMO["local"]))
   specs = []
   for name, run_dir, hparams_set in runs:
     specs.append(run_lib.ModelSpec(name, run_dir, hparams_set))
     if has_as_local_twin(hparams_set):
       specs.append(run_lib.ModelSpec(name + "-as-local", run_dir, hparams_set, "", True))
-  result = probe.probe(specs, books, encoder, LENGTHS, max(LENGTHS), out_dir,
-                       num_targets=inputs * 10, seed=seed, far_threshold=threshold,
-                       scale=probe.word_scale(books, "exact"), batch_size=4, stream=None,
-                       reading="lines")
-  report.write(result, out_dir)
+  result, threshold, _ = probes_demo.probe_specs(specs, books_dir, data_dir, out_dir,
+                                                 DEMO["local"], inputs=inputs, seed=seed)
   md = ("Probes: the 3 test books, %d inputs per N, 10 targets each at [-50:-40]; far = last "
         "seen more than %d tokens back (the local model's receptive field); word-level "
         "perplexity [95%% bootstrap interval over inputs].\n\n" % (result["protocol"]["inputs"],

@@ -24,32 +24,42 @@ LENGTHS = (256, 512, 1024, 2048)
 INPUTS = 24  # per model and N: 240 targets; 3 models x 4 N x 24 = 288 passes, about 1 min on 2 AVX2 cores
 
 
+def probe_specs(specs, books_dir, data_dir, out_dir, local_set, lengths=LENGTHS, inputs=INPUTS,
+                seed=0, batch_size=4, reading="lines"):
+  """Probes the models of `specs` ([run.ModelSpec]) on the test books, far = last seen beyond the
+  receptive field of hparams set `local_set`; writes out_dir (JSON, tables, PNGs); returns
+  (result, far threshold, written paths)."""
+  from routing_transformer.tools import score  # pylint: disable=g-import-not-at-top
+  from routing_transformer.t2t import usr_dirs  # pylint: disable=g-import-not-at-top
+  from tensor2tensor.utils import registry  # pylint: disable=g-import-not-at-top
+  usr_dirs.register_project()
+  encoder = score.load_encoder(None, PROBLEM, data_dir)
+  books, _ = data.load_books(books_dir, "test", encoder,
+                             cache_dir=os.path.join(out_dir, "encoded"), reading=reading)
+  threshold = scoring.local_receptive_field(registry.hparams(local_set))
+  result = probe.probe(specs, books, encoder, lengths, max(lengths), out_dir,
+                       num_targets=inputs * 10, seed=seed, far_threshold=threshold,
+                       scale=probe.word_scale(books, "exact"), batch_size=batch_size,
+                       stream=None, reading=reading)
+  return result, threshold, report.write(result, out_dir)
+
+
 def run(output, books_dir, data_dir, routing=("routing", "pg19_local_cluster_tiny2k"),
         local=("local", "pg19_local_tiny2k"), lengths=LENGTHS, inputs=INPUTS, seed=0,
         batch_size=4, log=None, reading="lines"):
   """Probes <output>/<routing[0]>, its derived local model and <output>/<local[0]>; returns
   (markdown, result)."""
-  from routing_transformer.tools import score  # pylint: disable=g-import-not-at-top
-  from routing_transformer.t2t import usr_dirs  # pylint: disable=g-import-not-at-top
   from tensor2tensor.utils import registry  # pylint: disable=g-import-not-at-top
-  usr_dirs.register_project()
   started = time.time()
-  encoder = score.load_encoder(None, PROBLEM, data_dir)
-  books, _ = data.load_books(books_dir, "test", encoder,
-                             cache_dir=os.path.join(output, "probes", "encoded"), reading=reading)
-  local_hparams = registry.hparams(local[1])
-  threshold = scoring.local_receptive_field(local_hparams)
   name, hparams_set = routing
   specs = [run_lib.ModelSpec(name, os.path.join(output, name), hparams_set),
            run_lib.ModelSpec(name + "-as-local", os.path.join(output, name), hparams_set,
                              "", True),
            run_lib.ModelSpec(local[0], os.path.join(output, local[0]), local[1])]
   out_dir = os.path.join(output, "probes")
-  result = probe.probe(specs, books, encoder, lengths, max(lengths), out_dir,
-                       num_targets=inputs * 10, seed=seed, far_threshold=threshold,
-                       scale=probe.word_scale(books, "exact"), batch_size=batch_size,
-                       stream=None, reading=reading)
-  paths = report.write(result, out_dir)
+  result, threshold, paths = probe_specs(specs, books_dir, data_dir, out_dir, local[1], lengths,
+                                         inputs, seed, batch_size, reading)
+  local_hparams = registry.hparams(local[1])
   seconds = time.time() - started
   passes = len(specs) * len(lengths) * result["protocol"]["inputs"]
   md = ("\nLong-range context (Sun et al. 2021 probes, `python -m routing_transformer.tools.probes`): "
