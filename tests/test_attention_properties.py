@@ -177,9 +177,16 @@ def _dense_causal_window(q, k, v, mu, window, share_qk, rel_k, rel_v):
   return _dense(q_hat, k_hat, v, allowed, distance, rel_k, rel_v)
 
 
+# "_start_padded": the first 6 positions of the second sequence are padding, so its first
+# queries have no allowed key (their probabilities must not reach later rows through the causal
+# relative-value term). "full_attention_heads" (one causal block of the whole length) runs
+# full.causal_full_attention's query blocks: 24 positions in 4 blocks of 6 with relative
+# tables of radius 5, in 8 blocks of 3 without ("_no_tables").
 GRADIENT_CASES = ["full", "full_noncausal_padded", "local", "local_noncausal_padded",
-                  "full_attention_heads", "routing", "routing_separate_keys",
-                  "routing_noncausal_padded", "causal_window", "causal_window_separate_keys"]
+                  "local_start_padded", "full_attention_heads", "full_attention_heads_no_tables",
+                  "full_attention_heads_start_padded", "routing", "routing_separate_keys",
+                  "routing_noncausal_padded", "routing_start_padded", "causal_window",
+                  "causal_window_separate_keys"]
 
 
 @pytest.mark.parametrize("kind", GRADIENT_CASES)
@@ -193,9 +200,11 @@ def test_gradients_equal_the_dense_masked_reference(rng, kind):
   rel_k, rel_v = (f64(rng.standard_normal((2 * 5 + 1, d)) * 0.5) for _ in range(2))
   mu = reference.layer_norm(rng.standard_normal((h, 3, d)))
   pad = np.arange(n)[None, :] >= np.array([[n], [n - 5]])
+  if kind.endswith("start_padded"):
+    pad = np.arange(n)[None, :] < np.array([[0], [6]])
   weights = f64(rng.standard_normal((b, h, n, d)))
   tri = np.tri(n, n, dtype=bool)
-  relative = kind not in ("full", "full_noncausal_padded")
+  relative = kind not in ("full", "full_noncausal_padded", "full_attention_heads_no_tables")
 
   def pair(q, k, v, rel_k, rel_v):
     """(ours, dense) outputs."""
@@ -204,12 +213,14 @@ def test_gradients_equal_the_dense_masked_reference(rng, kind):
     if kind == "full_noncausal_padded":
       return (attention.full_attention(q, k, v, causal=False, padding=pad),
               _dense(q * d ** -0.5, k, v, ~pad[:, None, None, :]))
-    if kind in ("local", "local_noncausal_padded", "full_attention_heads"):
+    if kind.startswith(("local", "full_attention_heads")):
       causal = kind != "local_noncausal_padded"
-      block, flange = (n, 0) if kind == "full_attention_heads" else (4, 8)
-      padding = None if causal else pad
+      block, flange = (n, 0) if kind.startswith("full_attention_heads") else (4, 8)
+      padding = pad if kind.endswith("padded") else None
       allowed, distance = reference.local_pattern(n, block, flange, causal)
-      allowed = allowed[None, None] & (True if causal else ~pad[:, None, None, :])
+      allowed = allowed[None, None] & (True if padding is None else ~pad[:, None, None, :])
+      if not relative:
+        rel_k = rel_v = None
       return (attention.local_attention(q, k, v, block, flange, causal=causal, padding=padding,
                                         relative_keys=rel_k, relative_values=rel_v),
               _dense(q * d ** -0.5, k, v, allowed, distance, rel_k, rel_v))

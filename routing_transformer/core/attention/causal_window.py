@@ -131,11 +131,11 @@ def causal_window_attention(q, k, v, centroids, window, share_qk=True, padding=N
     allowed = common.exclude_self(allowed, tf.equal(distance, 0))
   probs = common.ordered_softmax(logits, allowed)  # the same in every slot of a block
   dropped = common.attention_dropout(probs, dropout_rate)
+  if pad is not None:  # a query whose allowed keys are all padding gets 0
+    dropped = common.zero_empty_rows(dropped, allowed)
   out = tf.einsum("bhnqk,bhnkd->bhnqd", dropped, v_s)
   if relative_values is not None:
     out += common.relative_outputs(dropped, relative_values, window, 0, causal=True)
-  if pad is not None:
-    out = common.zero_empty_rows(out, allowed)
   out = common.slice_axis(tf.reshape(out, [-1, heads, padded_n, v.shape[-1]]), 2, 0, n)
   unsort = tf.argsort(order, axis=-1)
   # Diagnostics (as routing_attention's): every query is in its cluster; its weight on itself,

@@ -131,9 +131,13 @@ def scale_logits(logits, scale):
   return logits * scale
 
 
-def zero_empty_rows(out, allowed):
-  """Sets out[..., i, :] to 0 where row i of `allowed` ([..., q, m]) has no allowed key."""
-  return out * tf.cast(tf.reduce_any(allowed, axis=-1, keepdims=True), out.dtype)
+def zero_empty_rows(x, allowed):
+  """Sets x[..., i, :] to 0 where row i of `allowed` ([..., q, m]) has no allowed key.
+
+  Applied to the probabilities (where a row with nothing allowed comes out uniform) before the
+  value and relative-value products: with causal relative values, `unskew` would carry such a
+  row's weights on keys after its query into the distances of the next rows."""
+  return x * tf.cast(tf.reduce_any(allowed, axis=-1, keepdims=True), x.dtype)
 
 
 def relative_embeddings(table, query_offsets, key_offsets):

@@ -39,3 +39,81 @@ def full_attention(q, k, v, causal=True, padding=None, scale=None, dropout_rate=
   if pad is not None:  # a query whose allowed keys are all padding gets 0
     out = common.zero_empty_rows(out, allowed)
   return out
+
+
+def causal_block_length(length, radius):
+  """The query block of `causal_full_attention` over `length` positions with relative distances
+  clipped at `radius` (0: no table): the smallest divisor of length that is >= radius and
+  >= length / 8 (at most 1/16 of the causal triangle is computed and masked); the whole length
+  when radius >= length."""
+  least = min(max(radius, -(-length // 8), 1), length)
+  return next(b for b in range(least, length + 1) if length % b == 0)
+
+
+def causal_full_attention(q, k, v, relative_keys=None, relative_values=None, padding=None,
+                          scale=None, dropout_rate=0.0):
+  """Dense causal self-attention with optional Shaw relative positions, in query blocks that
+  skip the keys after the block (about half the dense work).
+
+  The same function as `local.local_attention` with one block of the whole length, to rounding:
+  query block t (length B, `causal_block_length`) scores the keys of blocks 0..t-2 (the far
+  keys, all at distance <= -B <= -R, where the relative table is clipped to its first row r_0)
+  and blocks t-1..t (the band: distances -(2B - 1)..0). The far keys' relative term q . r_0 is
+  the same for every far key of a query; subtracting r_0 from the table for the whole row
+  leaves the softmax unchanged, so the far keys need no relative term, and the values' relative
+  term is r_0 * (sum of the weights) + the band's, from the shifted table. No [n, n] relative
+  tensor and no skew of the whole length.
+
+  Args:
+    q, k, v: [b, h, n, d].
+    relative_keys, relative_values: optional [2R + 1, d] tables (distance clip(j - i, -R, R)).
+    padding: optional [b, n] bool/int, True or nonzero marks padding keys.
+    scale: logit scale (applied to q, so to relative logits too); default d ** -0.5.
+    dropout_rate: attention dropout on the weights (`common.attention_dropout`).
+  Returns:
+    [b, h, n, d_v]; a query with no allowed key gets 0.
+  """
+  name = "causal_full_attention"
+  q, k, v, relative_keys, relative_values, heads, n, depth = common.self_attention_inputs(
+      q, k, v, relative_keys, relative_values, name)
+  radius = max([(t.shape[0] - 1) // 2 for t in (relative_keys, relative_values) if t is not None]
+               or [0])
+  block = causal_block_length(n, radius)
+  if scale is None:
+    scale = depth ** -0.5
+  shift = lambda table: None if table is None else table - table[:1]
+  band_keys, band_values = shift(relative_keys), shift(relative_values)
+  pad = common.key_padding(padding, None, n, name)
+  keep = None if pad is None else tf.logical_not(pad)[:, tf.newaxis, tf.newaxis, :]  # [b,1,1,n]
+  q_blocks = tf.split(q * scale, n // block, axis=2)
+  outputs = []
+  for t, q_t in enumerate(q_blocks):
+    start = max(t - 1, 0) * block  # the band's first key
+    width = (t + 1) * block - start
+    k_band, v_band = (common.slice_axis(x, 2, start, width) for x in (k, v))
+    logits = [tf.einsum("bhqd,bhkd->bhqk", q_t, k_band)]
+    if band_keys is not None:
+      logits[0] += common.relative_logits(q_t, band_keys, t * block, start, width, causal=True)
+    # [B, width]: the band's causal triangle (the keys of block t after their query masked)
+    allowed = [tf.range(width)[tf.newaxis, :] <= tf.range(block)[:, tf.newaxis] + t * block - start]
+    if start:  # far keys 0..start-1, all allowed
+      k_far, v_far = (common.slice_axis(x, 2, 0, start) for x in (k, v))
+      logits.insert(0, tf.einsum("bhqd,bhkd->bhqk", q_t, k_far))
+      allowed.insert(0, tf.ones([block, start], tf.bool))
+    allowed = tf.concat(allowed, axis=1)[tf.newaxis, tf.newaxis]
+    if keep is not None:
+      allowed = tf.logical_and(allowed, common.slice_axis(keep, 3, 0, start + width))
+    probs = common.attention_dropout(
+        common.masked_softmax(tf.concat(logits, axis=-1), allowed), dropout_rate)
+    if pad is not None:  # a query whose allowed keys are all padding gets 0
+      probs = common.zero_empty_rows(probs, allowed)
+    band_probs = common.slice_axis(probs, 3, start, width)
+    out = tf.einsum("bhqk,bhkd->bhqd", band_probs, v_band)
+    if start:
+      out += tf.einsum("bhqk,bhkd->bhqd", common.slice_axis(probs, 3, 0, start), v_far)
+    if band_values is not None:
+      out += common.relative_outputs(band_probs, band_values, t * block, start, causal=True)
+      out += tf.reduce_sum(probs, axis=-1, keepdims=True) * tf.cast(relative_values[0],
+                                                                     probs.dtype)
+    outputs.append(out)
+  return tf.concat(outputs, axis=2)

@@ -7,6 +7,13 @@ block attends to itself (causal triangle) and to the `flange / block_length` pre
 import tensorflow as tf
 
 from routing_transformer.core.attention import common
+from routing_transformer.core.attention import full
+
+
+def _causal_blocks(length, *tables):
+  """How many query blocks `full.causal_full_attention` cuts `length` into with these tables."""
+  radius = max([(t.shape[0] - 1) // 2 for t in tables if t is not None] or [0])
+  return length // full.causal_block_length(length, radius)
 
 
 def check_blocks(length, block_length, flange, name):
@@ -69,9 +76,14 @@ def local_attention(q, k, v, block_length, flange, causal=True, relative_keys=No
   q, k, v, relative_keys, relative_values, heads, n, depth = common.self_attention_inputs(
       q, k, v, relative_keys, relative_values, name)
   check_blocks(n, block_length, flange, name)
+  num_blocks = n // block_length
+  if causal and num_blocks == 1 and _causal_blocks(n, relative_keys, relative_values) > 1:
+    # one causal block of the whole length (hparam full_attention): the same function,
+    # computed in query blocks that skip the masked half
+    return full.causal_full_attention(q, k, v, relative_keys, relative_values, padding, scale,
+                                      dropout_rate)
   if scale is None:
     scale = depth ** -0.5
-  num_blocks = n // block_length
   before = flange // block_length
   after = 0 if causal else before
 
@@ -100,9 +112,9 @@ def local_attention(q, k, v, block_length, flange, causal=True, relative_keys=No
     allowed = tf.logical_and(allowed, tf.equal(pad_memory, 0)[:, :, :, tf.newaxis, :])
 
   probs = common.attention_dropout(common.masked_softmax(logits, allowed), dropout_rate)
+  if pad is not None:  # a query whose allowed keys are all padding gets 0
+    probs = common.zero_empty_rows(probs, allowed)
   out = tf.einsum("bhnqk,bhnkd->bhnqd", probs, v_memory)
   if relative_values is not None:
     out += common.relative_outputs(probs, relative_values, 0, -flange, causal=causal)
-  if pad is not None:  # a query whose allowed keys are all padding gets 0
-    out = common.zero_empty_rows(out, allowed)
   return tf.reshape(out, [-1, heads, n, v.shape[-1]])

@@ -241,11 +241,11 @@ def cluster_attention(aux, v, window, causal, key_padding=None, relative_keys=No
     allowed = common.exclude_self(tf.broadcast_to(allowed, tf.shape(logits)), is_self)
   probs = common.masked_softmax(logits, allowed)
   dropped = common.attention_dropout(probs, dropout_rate)
+  if key_padding is not None:  # a query whose allowed keys are all padding gets 0
+    dropped = common.zero_empty_rows(dropped, allowed)
   out_c = tf.matmul(dropped, v_c)
   if relative_values is not None:
     out_c += common.relative_outputs(dropped, relative_values, 0, 0, causal=causal)
-  if key_padding is not None:  # a query whose allowed keys are all padding gets 0
-    out_c = common.zero_empty_rows(out_c, allowed)
 
   summed = scatter_clusters(out_c, query_indices, n)
   ones = tf.ones_like(query_indices, dtype=summed.dtype)[..., tf.newaxis]
