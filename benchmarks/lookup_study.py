@@ -7,6 +7,7 @@
     python benchmarks/lookup_study.py --phase E            # the dense control with/without local heads
     python benchmarks/lookup_study.py --phase F            # routing heads without local heads
     python benchmarks/lookup_study.py --phase G            # phase F's layout: seeds, clusters, self
+    python benchmarks/lookup_study.py --phase H            # full attention for 30 minutes
     python benchmarks/lookup_study.py --report             # table + curves from the results
 
 Each run is its own process (`benchmarks/retrieval_study.py`), appending one JSON line per
@@ -211,7 +212,19 @@ def phase_g(recipe=RECIPE):
   return runs + [r._replace(seed=seed) for r in runs[-1:] for seed in (2, 3)]
 
 
-PHASES = {"A": phase_a, "B": phase_b, "C": phase_c, "D": phase_d, "E": phase_e, "F": phase_f, "G": phase_g}
+def phase_h(recipe=RECIPE):
+  """Full attention for 30 minutes of training: phase B's full model (now in query blocks,
+  full.causal_full_attention, 2.4x the steps per second) for 3,000 steps, seeds 1 and 2; then
+  `routing_only_transformer_tiny1k` for as many steps (seed 1), for the equal-step ratio."""
+  layout, every, seqs = "long_range_retrieval_1k_mixed", 250, 4
+  runs = [Run("H full, 3,000 steps", "routing_transformer", "full_transformer_tiny1k", recipe,
+              layout, 3000, every, seqs, seed) for seed in (1, 2)]
+  return runs + [Run("H routing_only_transformer_tiny1k, 3,000 steps", "routing_transformer",
+                     "routing_only_transformer_tiny1k", recipe, layout, 3000, every, seqs, 1)]
+
+
+PHASES = {"A": phase_a, "B": phase_b, "C": phase_c, "D": phase_d, "E": phase_e, "F": phase_f,
+          "G": phase_g, "H": phase_h}
 
 
 def load(path=RESULTS):
@@ -342,7 +355,7 @@ def main(argv=None):
     plot(records, path, None, SUMMARY)
     print("wrote", path)
     return 0
-  runs = PHASES[args.phase](args.recipe) if args.phase in "BCDEFG" else PHASES[args.phase]()
+  runs = PHASES[args.phase](args.recipe) if args.phase in "BCDEFGH" else PHASES[args.phase]()
   if args.only:
     runs = [r for r in runs if r.label in args.only.split(",")]
   todo = [r for r in runs if not finished(load(args.out), r)]
