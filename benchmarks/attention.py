@@ -2,14 +2,17 @@
 
     python benchmarks/attention.py [--lengths 1024,2048,4096,8192,16384] [--xla] [--out DIR]
 
-8 heads, d_head 64, batch 1. Local: block 256, flange 256 (the PG-19 sets). Routing:
+8 heads, d_head 64, batch 1. full: dense causal attention (`full_attention`); full_heads: the
+model's full heads (hparam full_attention: `local_attention` with one block of the whole length
+and Shaw relative tables of radius 128, computed in query blocks by `causal_full_attention`).
+Local: block 256, flange 256 (the PG-19 sets). Routing:
 w = 2^round(log2(sqrt(n))), k = n / w, plus the paper's k = 16, w = 512 at n = 8192.
 Prints one JSON line per point, then a ratio table against full attention, the fitted time
 exponent per kind, and achieved GFLOP/s against a dense matmul measured in the same run; writes
 attention.json and attention.png (log-log) under --out.
 
 Useful FLOPs (forward+backward, the matmuls the kind needs; backward counted as 2x forward):
-  full    3 * 4 h n^2 d
+  full    3 * 4 h n^2 d (full_heads: the same, relative terms not counted)
   local   3 * 4 h n (block + flange) d
   routing 3 * 4 h k w^2 d + 2 h n k d (centroid scores, forward only)
 Peak memory: peak bytes of TF tensors in use during one step (BFC allocator statistics).
@@ -24,6 +27,7 @@ import common  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 HEADS, DEPTH, BATCH = 8, 64, 1
 BLOCK, FLANGE = 256, 256
+RADIUS = 128  # full_heads: relative distances clipped to [-128, 128]
 FULL_MEMORY_LIMIT = 12e9  # bytes; full attention beyond this is reported as skipped
 
 
@@ -33,7 +37,7 @@ def routing_shape(n):
 
 
 def useful_flops(kind, n, clusters=None, window=None):
-  if kind == "full":
+  if kind in ("full", "full_heads"):
     return 3 * 4 * HEADS * n * n * DEPTH
   if kind == "local":
     return 3 * 4 * HEADS * n * (min(BLOCK, n) + FLANGE) * DEPTH
@@ -47,6 +51,7 @@ def full_memory_estimate(n):
 def points(lengths):
   for n in lengths:
     yield dict(kind="full", n=n)
+    yield dict(kind="full_heads", n=n)
     yield dict(kind="local", n=n, block=min(BLOCK, n), flange=FLANGE if n > BLOCK else 0)
     clusters, window = routing_shape(n)
     yield dict(kind="routing", n=n, clusters=clusters, window=window)
@@ -62,6 +67,8 @@ def build_step(point, xla):
   rng = np.random.default_rng(0)
   q, k, v, cot = [tf.constant(rng.standard_normal((BATCH, HEADS, n, DEPTH)), tf.float32)
                   for _ in range(4)]
+  tables = [tf.constant(rng.standard_normal((2 * RADIUS + 1, DEPTH)), tf.float32)
+            for _ in range(2)]
   if "clusters" in point:
     mu = attention.layer_norm_no_scale(
         tf.constant(rng.standard_normal((HEADS, point["clusters"], DEPTH)), tf.float32))
@@ -72,6 +79,9 @@ def build_step(point, xla):
       extra = 0.0
       if point["kind"] == "full":
         out = attention.full_attention(q, k, v)
+      elif point["kind"] == "full_heads":
+        out = attention.local_attention(q, k, v, n, 0, relative_keys=tables[0],
+                                        relative_values=tables[1])
       elif point["kind"] == "local":
         out = attention.local_attention(q, k, v, point["block"], point["flange"])
       else:
@@ -108,7 +118,7 @@ def main(argv=None):
   results = []
   for point in points(lengths):
     record = dict(point, record="point", xla=args.xla)
-    if point["kind"] == "full" and full_memory_estimate(point["n"]) > FULL_MEMORY_LIMIT:
+    if point["kind"].startswith("full") and full_memory_estimate(point["n"]) > FULL_MEMORY_LIMIT:
       record.update(skipped="needs about %.1f GB" % (full_memory_estimate(point["n"]) / 1e9))
       common.emit(record)
       results.append(record)
