@@ -2,7 +2,7 @@
 arguments its flags give, stops (SystemExit) or fails (an exception the error hook turns into one
 line) with the message naming the fix; and the registry `t2t-trainer --registry_help` prints.
 
-One case of each kind runs through the binary itself (a fresh process costs 10-20 s of imports):
+One case of each kind runs through the binary itself (a fresh process spends ~10 s importing):
 test_t2t_binaries (the create_hparams guard: an unknown hparams set, a check_hparams failure; an
 unknown problem; t2t-datagen's misspelt problem; a checkpoint of other hparams), test_t2t_decoder
 (a prompt longer than the model) and test_reliability (t2t-trainer on a damaged checkpoint).
