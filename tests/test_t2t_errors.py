@@ -62,7 +62,8 @@ def test_registry_lists_everything():
 
 def test_unknown_model_is_one_line():
   """t2t-trainer --model=no_such_model: create_estimator's registry look-up raises T2T's KeyError;
-  the error hook prints it as one line (an unknown problem through the binary: test_t2t_binaries)."""
+  the error hook prints it as one line (an unknown problem through the binary:
+  test_t2t_binaries)."""
   hparams = trainer_lib.create_hparams("routing_transformer_tiny", "")
   with pytest.raises(KeyError) as error:
     t2t_model.T2TModel.make_estimator_model_fn("no_such_model", hparams)
