@@ -1,7 +1,8 @@
 """Stock t2t-trainer on its distributed paths: TPUEstimator on the CPU and two data-parallel shards
 (--worker_gpu=2), each continuing a copy of the shared trained run (conftest.trained_run) for 2
-steps. T2T 1.15.7 ignores --xla_compile (test_xla_compile_is_ignored_by_this_t2t), so no run
-passes it; XLA is checked in-process (test_recompute, test_causal_window, test_decoding)."""
+steps. T2T 1.15.7 ignores --xla_compile (test_xla_compile_is_ignored_by_this_t2t): the
+two-shard run passes it and gets our one warning line; XLA is checked in-process
+(test_recompute, test_causal_window, test_decoding)."""
 import ast
 import glob
 import os
@@ -11,6 +12,7 @@ import pytest
 
 from conftest import TRAINED_STEPS
 from conftest import run_t2t
+from routing_transformer.t2t import glue as t2t_glue
 
 pytestmark = pytest.mark.slow
 t2t = run_t2t
@@ -20,7 +22,7 @@ STEPS = 2
 @pytest.mark.parametrize("flags", [
     ["--use_tpu_estimator", "--iterations_per_loop=%d" % STEPS, "--cloud_tpu_name=",
      "--schedule=train", "--hparams=tpu_enable_host_call=True"],
-    ["--worker_gpu=2", "--schedule=train"],
+    ["--worker_gpu=2", "--schedule=train", "--xla_compile"],
 ], ids=["tpu_estimator", "worker_gpu2"])
 def test_distributed_paths_train(trained, data_dir, tmp_path, flags):
   """TPUEstimator on the CPU and two data-parallel shards: each restores the shared run's
@@ -38,6 +40,8 @@ def test_distributed_paths_train(trained, data_dir, tmp_path, flags):
   assert glob.glob(os.path.join(out, "model.ckpt-%d.index" % last)), os.listdir(out)
   if "--worker_gpu=2" in flags:  # two shards, placed on the CPU (no GPU here)
     assert "No GPU visible: the 2 data shard(s) ['gpu:0', 'gpu:1']" in run.stderr
+  if "--xla_compile" in flags:  # ignored by T2T: one warning line says so
+    assert run.stderr.count(t2t_glue.XLA_COMPILE_IGNORED) == 1, run.stderr[-4000:]
   if "--use_tpu_estimator" in flags:  # summaries came through TPUEstimator's host_call
     tags = _summary_tags(set(glob.glob(os.path.join(out, "events.out.tfevents.*"))) - before)
     assert any("occupancy_entropy" in t for t in tags), sorted(tags)[:20]

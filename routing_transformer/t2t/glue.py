@@ -195,9 +195,18 @@ def _flag(name):
     return None
 
 
+# t2t-trainer hands --xla_compile to create_experiment as use_xla, which T2T 1.15.7's
+# create_estimator deletes unread (tests/test_t2t_distributed.py checks T2T's source).
+XLA_COMPILE_IGNORED = (
+    "warning: --xla_compile has no effect with T2T 1.15.7 (trainer_lib.create_estimator drops "
+    "it); for XLA on the CPU set TF_XLA_FLAGS='--tf_xla_auto_jit=1 --tf_xla_cpu_global_jit' "
+    "(docs/performance.md); TPUEstimator compiles with XLA on TPUs.")
+
+
 def guard_checkpoints():
   """Wraps T2T's create_run_config and create_experiment once (t2t-trainer):
 
+  - `--xla_compile`, which T2T ignores, prints one warning line (`XLA_COMPILE_IGNORED`);
   - before the Estimator exists, the chief makes the run restore the newest complete checkpoint
     (`checkpoint_files.prepare_resume`: a damaged newest one is moved to <output_dir>/damaged/,
     with one warning line), or stops with one line when none is complete;
@@ -224,6 +233,8 @@ def guard_checkpoints():
     return original_config(*args, **kwargs)
 
   def create_experiment(run_config, hparams, *args, **kwargs):
+    if kwargs.get("use_xla"):
+      sys.stderr.write(XLA_COMPILE_IGNORED + "\n")
     if run_config.is_chief:
       try:
         warning = checkpoint_files.prepare_resume(run_config.model_dir)
