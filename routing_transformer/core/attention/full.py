@@ -41,11 +41,12 @@ def full_attention(q, k, v, causal=True, padding=None, scale=None, dropout_rate=
   return out
 
 
-def causal_block_length(length, radius):
-  """The query block of `causal_full_attention` over `length` positions with relative distances
-  clipped at `radius` (0: no table): the smallest divisor of length that is >= radius and
-  >= length / 8 (at most 1/16 of the causal triangle is computed and masked); the whole length
-  when radius >= length."""
+def causal_block_length(length, *tables):
+  """The query block of `causal_full_attention` over `length` positions with the relative
+  `tables` ([2R + 1, d] or None; R = 0 without any): the smallest divisor of length that is
+  >= R and >= length / 8 (at most 1/16 of the causal triangle is computed and masked); the
+  whole length when R >= length."""
+  radius = max([(t.shape[0] - 1) // 2 for t in tables if t is not None] or [0])
   least = min(max(radius, -(-length // 8), 1), length)
   return next(b for b in range(least, length + 1) if length % b == 0)
 
@@ -76,9 +77,7 @@ def causal_full_attention(q, k, v, relative_keys=None, relative_values=None, pad
   name = "causal_full_attention"
   q, k, v, relative_keys, relative_values, heads, n, depth = common.self_attention_inputs(
       q, k, v, relative_keys, relative_values, name)
-  radius = max([(t.shape[0] - 1) // 2 for t in (relative_keys, relative_values) if t is not None]
-               or [0])
-  block = causal_block_length(n, radius)
+  block = causal_block_length(n, relative_keys, relative_values)
   if scale is None:
     scale = depth ** -0.5
   shift = lambda table: None if table is None else table - table[:1]

@@ -10,12 +10,6 @@ from routing_transformer.core.attention import common
 from routing_transformer.core.attention import full
 
 
-def _causal_blocks(length, *tables):
-  """How many query blocks `full.causal_full_attention` cuts `length` into with these tables."""
-  radius = max([(t.shape[0] - 1) // 2 for t in tables if t is not None] or [0])
-  return length // full.causal_block_length(length, radius)
-
-
 def check_blocks(length, block_length, flange, name):
   """Validates the block layout; raises ValueError naming the argument and the fix."""
   if block_length <= 0 or length % block_length:
@@ -77,7 +71,8 @@ def local_attention(q, k, v, block_length, flange, causal=True, relative_keys=No
       q, k, v, relative_keys, relative_values, name)
   check_blocks(n, block_length, flange, name)
   num_blocks = n // block_length
-  if causal and num_blocks == 1 and _causal_blocks(n, relative_keys, relative_values) > 1:
+  if causal and num_blocks == 1 and full.causal_block_length(n, relative_keys,
+                                                             relative_values) < n:
     # one causal block of the whole length (hparam full_attention): the same function,
     # computed in query blocks that skip the masked half
     return full.causal_full_attention(q, k, v, relative_keys, relative_values, padding, scale,
