@@ -8,6 +8,9 @@
     python benchmarks/lookup_study.py --phase F            # routing heads without local heads
     python benchmarks/lookup_study.py --phase G            # phase F's layout: seeds, clusters, self
     python benchmarks/lookup_study.py --phase H            # full attention for 30 minutes
+    python benchmarks/lookup_study.py --phase I            # full attention's learning rate
+    python benchmarks/lookup_study.py --phase J            # full attention at 512 tokens
+    python benchmarks/lookup_study.py --phase K            # phase H at a learning rate of 0.01
     python benchmarks/lookup_study.py --report             # table + curves from the results
 
 Each run is its own process (`benchmarks/retrieval_study.py`), appending one JSON line per
@@ -223,8 +226,49 @@ def phase_h(recipe=RECIPE):
                      "routing_only_transformer_tiny1k", recipe, layout, 3000, every, seqs, 1)]
 
 
+CONSTANT_LR = "learning_rate_schedule=constant*linear_warmup"
+
+
+def phase_i(recipe=RECIPE):
+  """Full attention's learning rate (phase H: 0.05 after the 100-step warm-up, then decaying as
+  rsqrt(step / 100): 0.016 at step 1,000, 0.009 at 3,000), seed 1, 1,500 steps each: held at
+  0.05 (started for 3,000 steps, stopped at 1,500 at chance), the decay from 0.02, held at 0.01."""
+  layout, every, seqs, steps = "long_range_retrieval_1k_mixed", 250, 4, 1500
+  variants = [
+      ("I full, constant learning rate", CONSTANT_LR),
+      ("I full, learning_rate_constant=0.02", "learning_rate_constant=0.02"),
+      ("I full, constant learning rate 0.01", CONSTANT_LR + ",learning_rate_constant=0.01"),
+  ]
+  return [Run(label, "routing_transformer", "full_transformer_tiny1k", ",".join((recipe, hp)),
+              layout, steps, every, seqs, 1) for label, hp in variants]
+
+
+MIXED_512 = "mixed:512,32,32,8,2-64/65-191/192-500"
+
+
+def phase_j(recipe=RECIPE):
+  """Full attention at 512 tokens (phase H's 32 look-ups, keys and values; far band 192-500, beyond
+  the tiny sets' local reach of 191), 8 sequences a step (phase H's 4,096 tokens), seeds 1-3."""
+  return [Run("J full, 512 tokens", "routing_transformer", "full_transformer_tiny1k", recipe,
+              MIXED_512, 2000, 250, 8, seed) for seed in (1, 2, 3)]
+
+
+def phase_k(recipe=RECIPE):
+  """Phase H with phase I's best learning rate, 0.01 held after the warm-up: full attention for
+  3,000 steps, seeds 1 and 2, then `routing_only_transformer_tiny1k` (seeds 1 and 2) at equal
+  steps."""
+  hp = ",".join((recipe, CONSTANT_LR, "learning_rate_constant=0.01"))
+  full = [Run("K full, constant learning rate 0.01, 3,000 steps", "routing_transformer",
+              "full_transformer_tiny1k", hp, "long_range_retrieval_1k_mixed", 3000, 250, 4, seed)
+          for seed in (1, 2)]
+  return full + [Run("K routing_only_transformer_tiny1k, constant learning rate 0.01",
+                     "routing_transformer", "routing_only_transformer_tiny1k", hp,
+                     "long_range_retrieval_1k_mixed", 3000, 250, 4, seed) for seed in (1, 2)]
+
+
 PHASES = {"A": phase_a, "B": phase_b, "C": phase_c, "D": phase_d, "E": phase_e, "F": phase_f,
-          "G": phase_g, "H": phase_h}
+          "G": phase_g, "H": phase_h, "I": phase_i,
+          "J": phase_j, "K": phase_k}
 
 
 def load(path=RESULTS):
@@ -355,7 +399,7 @@ def main(argv=None):
     plot(records, path, None, SUMMARY)
     print("wrote", path)
     return 0
-  runs = PHASES[args.phase](args.recipe) if args.phase in "BCDEFGH" else PHASES[args.phase]()
+  runs = PHASES[args.phase]() if args.phase == "A" else PHASES[args.phase](args.recipe)
   if args.only:
     runs = [r for r in runs if r.label in args.only.split(",")]
   todo = [r for r in runs if not finished(load(args.out), r)]
