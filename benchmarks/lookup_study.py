@@ -255,15 +255,18 @@ def phase_j(recipe=RECIPE):
 
 def phase_k(recipe=RECIPE):
   """Phase H with phase I's best learning rate, 0.01 held after the warm-up: full attention for
-  3,000 steps, seeds 1 and 2, then `routing_only_transformer_tiny1k` (seeds 1 and 2) at equal
-  steps."""
+  3,000 steps, seeds 1 and 2, then `routing_only_transformer_tiny1k` (seeds 1 and 2) and
+  `local_transformer_tiny1k` (seed 1) at equal steps."""
   hp = ",".join((recipe, CONSTANT_LR, "learning_rate_constant=0.01"))
   full = [Run("K full, constant learning rate 0.01, 3,000 steps", "routing_transformer",
               "full_transformer_tiny1k", hp, "long_range_retrieval_1k_mixed", 3000, 250, 4, seed)
           for seed in (1, 2)]
   return full + [Run("K routing_only_transformer_tiny1k, constant learning rate 0.01",
                      "routing_transformer", "routing_only_transformer_tiny1k", hp,
-                     "long_range_retrieval_1k_mixed", 3000, 250, 4, seed) for seed in (1, 2)]
+                     "long_range_retrieval_1k_mixed", 3000, 250, 4, seed) for seed in (1, 2)] + [
+                         Run("K local_transformer_tiny1k, constant learning rate 0.01",
+                             "routing_transformer", "local_transformer_tiny1k", hp,
+                             "long_range_retrieval_1k_mixed", 3000, 250, 4, 1)]
 
 
 PHASES = {"A": phase_a, "B": phase_b, "C": phase_c, "D": phase_d, "E": phase_e, "F": phase_f,
