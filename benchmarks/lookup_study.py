@@ -227,6 +227,7 @@ def phase_h(recipe=RECIPE):
 
 
 CONSTANT_LR = "learning_rate_schedule=constant*linear_warmup"
+HELD_LR = CONSTANT_LR + ",learning_rate_constant=0.01"  # phase I's best: phase K's recipe
 
 
 def phase_i(recipe=RECIPE):
@@ -237,7 +238,7 @@ def phase_i(recipe=RECIPE):
   variants = [
       ("I full, constant learning rate", CONSTANT_LR),
       ("I full, learning_rate_constant=0.02", "learning_rate_constant=0.02"),
-      ("I full, constant learning rate 0.01", CONSTANT_LR + ",learning_rate_constant=0.01"),
+      ("I full, constant learning rate 0.01", HELD_LR),
   ]
   return [Run(label, "routing_transformer", "full_transformer_tiny1k", ",".join((recipe, hp)),
               layout, steps, every, seqs, 1) for label, hp in variants]
@@ -257,21 +258,19 @@ def phase_k(recipe=RECIPE):
   """Phase H with phase I's best learning rate, 0.01 held after the warm-up: full attention for
   3,000 steps, seeds 1 and 2, then `routing_only_transformer_tiny1k` (seeds 1 and 2) and
   `local_transformer_tiny1k` (seed 1) at equal steps."""
-  hp = ",".join((recipe, CONSTANT_LR, "learning_rate_constant=0.01"))
-  full = [Run("K full, constant learning rate 0.01, 3,000 steps", "routing_transformer",
-              "full_transformer_tiny1k", hp, "long_range_retrieval_1k_mixed", 3000, 250, 4, seed)
-          for seed in (1, 2)]
-  return full + [Run("K routing_only_transformer_tiny1k, constant learning rate 0.01",
-                     "routing_transformer", "routing_only_transformer_tiny1k", hp,
-                     "long_range_retrieval_1k_mixed", 3000, 250, 4, seed) for seed in (1, 2)] + [
-                         Run("K local_transformer_tiny1k, constant learning rate 0.01",
-                             "routing_transformer", "local_transformer_tiny1k", hp,
-                             "long_range_retrieval_1k_mixed", 3000, 250, 4, 1)]
+  def run(label, hparams_set, seed):
+    return Run(label, "routing_transformer", hparams_set, ",".join((recipe, HELD_LR)),
+               "long_range_retrieval_1k_mixed", 3000, 250, 4, seed)
+  return ([run("K full, constant learning rate 0.01, 3,000 steps", "full_transformer_tiny1k", seed)
+           for seed in (1, 2)] +
+          [run("K routing_only_transformer_tiny1k, constant learning rate 0.01",
+               "routing_only_transformer_tiny1k", seed) for seed in (1, 2)] +
+          [run("K local_transformer_tiny1k, constant learning rate 0.01",
+               "local_transformer_tiny1k", 1)])
 
 
 PHASES = {"A": phase_a, "B": phase_b, "C": phase_c, "D": phase_d, "E": phase_e, "F": phase_f,
-          "G": phase_g, "H": phase_h, "I": phase_i,
-          "J": phase_j, "K": phase_k}
+          "G": phase_g, "H": phase_h, "I": phase_i, "J": phase_j, "K": phase_k}
 
 
 def load(path=RESULTS):
