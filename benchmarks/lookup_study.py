@@ -269,8 +269,24 @@ def phase_k(recipe=RECIPE):
                "local_transformer_tiny1k", 1)])
 
 
+def phase_l(recipe=RECIPE):
+  """Phase K's held rate for the paper's routing layout (`routing_transformer_tiny1k`: local heads
+  in both layers, 2 routing heads from layer 2, unscaled logits), seeds 1 and 2, and
+  `local_transformer_tiny1k`'s seed 2, at phase K's 3,000 steps."""
+  def run(label, hparams_set, seed):
+    return Run(label, "routing_transformer", hparams_set, ",".join((recipe, HELD_LR)),
+               "long_range_retrieval_1k_mixed", 3000, 250, 4, seed)
+  return ([run("L routing_transformer_tiny1k, constant learning rate 0.01",
+               "routing_transformer_tiny1k", 1)] +
+          [run("K local_transformer_tiny1k, constant learning rate 0.01",
+               "local_transformer_tiny1k", 2)] +
+          [run("L routing_transformer_tiny1k, constant learning rate 0.01",
+               "routing_transformer_tiny1k", 2)])
+
+
 PHASES = {"A": phase_a, "B": phase_b, "C": phase_c, "D": phase_d, "E": phase_e, "F": phase_f,
-          "G": phase_g, "H": phase_h, "I": phase_i, "J": phase_j, "K": phase_k}
+          "G": phase_g, "H": phase_h, "I": phase_i, "J": phase_j, "K": phase_k,
+          "L": phase_l}
 
 
 def load(path=RESULTS):
