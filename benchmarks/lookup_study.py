@@ -11,6 +11,7 @@
     python benchmarks/lookup_study.py --phase I            # full attention's learning rate
     python benchmarks/lookup_study.py --phase J            # full attention at 512 tokens
     python benchmarks/lookup_study.py --phase K            # phase H at a learning rate of 0.01
+    python benchmarks/lookup_study.py --phase L            # the paper's routing layout at 0.01
     python benchmarks/lookup_study.py --report             # table + curves from the results
 
 Each run is its own process (`benchmarks/retrieval_study.py`), appending one JSON line per
@@ -34,8 +35,22 @@ Run = collections.namedtuple("Run", "label model hparams_set hparams layout step
 
 ADAM = "optimizer=adam,learning_rate_schedule=constant*linear_warmup,learning_rate_constant=0.001"
 PRE_NORM = "layer_preprocess_sequence=n,layer_postprocess_sequence=da"
-# The recipe phase A found (docs/routing_learning.md); the tiny sets carry it.
-RECIPE = "initializer_gain=1.0"
+# The schedule phases A-J ran with, the tiny sets' own until 2026-11-26: a warm-up to 0.05, then
+# rsqrt decay. The sets now hold 0.01 after the warm-up (phases I-L), so these phases name it.
+DECAYING_LR = ("learning_rate_schedule=constant*linear_warmup*rsqrt_normalized_decay,"
+               "learning_rate_constant=0.05")
+# The recipe phase A found (docs/routing_learning.md), with phases B-J's schedule.
+RECIPE = "initializer_gain=1.0," + DECAYING_LR
+
+
+def overrides(*parts):
+  """Comma-joined hparams overrides; a later value of a name replaces an earlier one."""
+  merged = {}
+  for item in (x for part in parts for x in part.split(",") if x):
+    name, value = item.split("=", 1)
+    merged.pop(name, None)
+    merged[name] = value
+  return ",".join("%s=%s" % kv for kv in merged.items())
 
 
 def phase_a():
@@ -60,8 +75,8 @@ def phase_a():
   def paper_gain(hp):  # the variants change one thing from the paper's gain 0.2
     return hp if "initializer_gain" in hp else ",".join(x for x in ("initializer_gain=0.2", hp)
                                                         if x)
-  runs = [Run(label, "routing_transformer", full, paper_gain(hp), layout, steps, every, seqs,
-              seed) for label, hp, seeds in variants for seed in seeds]
+  runs = [Run(label, "routing_transformer", full, overrides(DECAYING_LR, paper_gain(hp)), layout,
+              steps, every, seqs, seed) for label, hp, seeds in variants for seed in seeds]
   runs.append(Run("A peer: T2T transformer_tiny", "transformer", "transformer_tiny",
                   "learning_rate_warmup_steps=100", layout, steps, every, seqs, 1))
   return runs
@@ -306,7 +321,8 @@ def finished(records, run):
 
 def run_one(run, out):
   cmd = [sys.executable, os.path.join(ROOT, "benchmarks", "retrieval_study.py"),
-         "--model", run.model, "--hparams_set", run.hparams_set, "--hparams", run.hparams,
+         "--model", run.model, "--hparams_set", run.hparams_set,
+         "--hparams", overrides(run.hparams),
          "--layout", run.layout, "--steps", str(run.steps), "--eval_every", str(run.eval_every),
          "--sequences", str(run.sequences), "--seed", str(run.seed), "--label", run.label,
          "--out", out] + (["--control", run.control] if run.control else [])

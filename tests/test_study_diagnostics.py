@@ -49,3 +49,36 @@ def test_lookup_diagnostics_on_hand_built_vectors():
   shifted = dists.copy()  # the answer one position later: another query (e3) and item (e2)
   shifted[0, 6], shifted[0, 7] = -1, 4
   assert study().lookup_diagnostics(q, q, means, 4, shifted, reach=3)["item_cosine"] == 0.0
+
+
+def lookup_study():
+  spec = importlib.util.spec_from_file_location(
+      "lookup_study", os.path.join(ROOT, "benchmarks", "lookup_study.py"))
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+def test_lookup_study_overrides_keep_the_last_value_of_a_name():
+  overrides = lookup_study().overrides
+  assert overrides("a=1,b=2", "", "a=3,c=x*y") == "b=2,a=3,c=x*y"
+  assert overrides("") == ""
+
+
+def test_lookup_study_phases_run_the_learning_rate_they_measured():
+  """The tiny sets now hold 0.01 after the warm-up; phases A-J measured the decay from 0.05, so
+  their runs name it, K and L run the held 0.01, and phase I's variants keep their one change."""
+  study = lookup_study()
+
+  def rate(run):
+    hp = dict(x.split("=", 1) for x in study.overrides(run.hparams).split(","))
+    return hp.get("learning_rate_schedule"), float(hp.get("learning_rate_constant", "nan"))
+
+  decay, held = "constant*linear_warmup*rsqrt_normalized_decay", "constant*linear_warmup"
+  for phase in "BCDEFGHJ":
+    for run in study.PHASES[phase]():
+      assert rate(run) == (decay, 0.05), (phase, run.label)
+  assert rate(study.PHASES["A"]()[0]) == (decay, 0.05)  # the control
+  assert [rate(run) for run in study.PHASES["I"]()] == [(held, 0.05), (decay, 0.02), (held, 0.01)]
+  for phase in "KL":
+    assert {rate(run) for run in study.PHASES[phase]()} == {(held, 0.01)}, phase
