@@ -214,8 +214,9 @@ def test_paper_sets_train_with_the_original_learning_rate(registry):
 
 
 def test_tiny_sets_keep_a_linear_warm_up(registry):
-  """The tiny/demo/test sets rise linearly over learning_rate_warmup_steps; then the tiny and demo
-  sets hold the rate (0.01 from step 100), the unit-test sets decay as the original does."""
+  """The tiny/demo/test sets rise linearly over learning_rate_warmup_steps; then the tiny look-up
+  sets hold the rate (0.01 from step 100), the books demo and unit-test sets decay as the
+  original does."""
   import hparams  # pylint: disable=g-import-not-at-top
   names = [name for name in hparams.PROJECT_SETS if is_tiny(name)]
   assert {"routing_transformer_tiny", "pg19_local_cluster_tiny2k", "routing_transformer_test",
@@ -225,15 +226,18 @@ def test_tiny_sets_keep_a_linear_warm_up(registry):
   got = learning_rates(hps, steps)
   for name, hp, rates in zip(names, hps, got):
     warmup = hp.learning_rate_warmup_steps
-    held = "_test" not in name
+    held = "_test" not in name and "tiny2k" not in name
     want = [hp.learning_rate_constant * min(1.0, s / warmup) *
             (1.0 if held else (warmup / max(s, warmup)) ** 0.5) for s in steps]
     assert rates == pytest.approx(want, rel=1e-5), name
     assert rates[0] < rates[1], name  # rising at the start: a warm-up
   got = dict(zip(names, got))
-  for name in ("routing_transformer_tiny", "full_transformer_tiny1k", "pg19_local_cluster_tiny2k",
+  for name in ("routing_transformer_tiny", "full_transformer_tiny1k",
                "routing_transformer_mtf_tiny"):
     assert got[name] == pytest.approx([1e-4, 0.005, 0.01, 0.01, 0.01], rel=1e-5), name
+  books = [5e-4, 0.025, 0.05, 0.025, 0.05 * (100 / 3000) ** 0.5]
+  for name in ("pg19_local_cluster_tiny2k", "pg19_local_tiny2k", "pg19_routing_only_tiny2k"):
+    assert got[name] == pytest.approx(books, rel=1e-5), name
 
 
 def test_legacy_kmeans_counts_is_off_in_every_set(registry):
@@ -291,6 +295,10 @@ def test_tiny_sets_carry_the_recipe_that_learns_look_ups(registry, name):
   hp = registry.hparams(name)
   assert hp.initializer_gain == 1.0 and hp.initializer == "uniform_unit_scaling"
   assert hp.optimizer == "adafactor" and hp.optimizer_adafactor_multiply_by_parameter_scale
-  assert (hp.learning_rate_warmup_steps, hp.learning_rate_constant) == (100, 0.01)
-  assert hp.learning_rate_schedule == "constant*linear_warmup"  # held: no decay
+  if "tiny2k" in name:  # the books demo sets: make demo's 700 steps learn more with the decay
+    assert (hp.learning_rate_warmup_steps, hp.learning_rate_constant) == (100, 0.05)
+    assert hp.learning_rate_schedule == "constant*linear_warmup*rsqrt_normalized_decay"
+  else:
+    assert (hp.learning_rate_warmup_steps, hp.learning_rate_constant) == (100, 0.01)
+    assert hp.learning_rate_schedule == "constant*linear_warmup"  # held: no decay
   assert registry.hparams("pg19_local_cluster8k").initializer_gain == pytest.approx(0.2)
