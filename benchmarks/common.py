@@ -131,9 +131,20 @@ def rss_mb():
   return proc_status_kib("VmRSS") / 1024.0
 
 
+SIMD_FLAGS = ("avx2", "fma", "avx512f", "avx512_bf16", "amx_bf16")  # what sets matmul rates
+
+
+def simd_flags():
+  """Which of SIMD_FLAGS /proc/cpuinfo lists, e.g. "avx2 fma avx512f" ("unknown": unreadable)."""
+  if cpu_flag(SIMD_FLAGS[0]) is None:
+    return "unknown"
+  return " ".join(flag for flag in SIMD_FLAGS if cpu_flag(flag)) or "none"
+
+
 def machine():
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   return {"date": time.strftime("%Y-%m-%d"), "cpus": os.cpu_count(), "cpu_model": cpu_model(),
+          "simd": simd_flags(),
           "processor": platform.processor() or platform.machine(), "tensorflow": tf.__version__,
           "threads": tf.config.threading.get_intra_op_parallelism_threads()}
 

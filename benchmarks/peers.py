@@ -327,8 +327,8 @@ def main(argv=None):
   ratios["matmul_tensorflow_over_pytorch"] = (matmul["tensorflow"]["gflops"] /
                                               matmul["pytorch"]["gflops"])
   common.emit(ratios)
-  print("\n%s, %d threads, %s; dense fp32 matmul %d^3: TensorFlow %.0f GFLOP/s, PyTorch %.0f "
-        "GFLOP/s" % (info["cpu_model"], args.threads, info["date"], MATMUL,
+  print("\n%s (%s), %d threads, %s; dense fp32 matmul %d^3: TensorFlow %.0f GFLOP/s, PyTorch %.0f "
+        "GFLOP/s" % (info["cpu_model"], info["simd"], args.threads, info["date"], MATMUL,
                      matmul["tensorflow"]["gflops"], matmul["pytorch"]["gflops"]))
   print("\n| implementation | s/step | tokens/s | peak process RSS | utilisation | graph build | "
         "parameters |\n|---|---|---|---|---|---|---|")
