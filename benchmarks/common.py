@@ -67,11 +67,12 @@ def time_fn(fn, repeats=3, warmup=1, max_seconds=60.0):
   return times[len(times) // 2], peak
 
 
-def matmul_gflops(size=2048, repeats=5):
-  """Dense fp32 matmul GFLOP/s on this machine, measured now (the same-run roofline)."""
+def matmul_gflops(size=2048, repeats=5, dtype="float32"):
+  """Dense matmul GFLOP/s (fp32 unless `dtype`) on this machine, measured now (the same-run
+  roofline)."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  a = tf.random.normal([size, size])
-  b = tf.random.normal([size, size])
+  a = tf.cast(tf.random.normal([size, size]), dtype)
+  b = tf.cast(tf.random.normal([size, size]), dtype)
   fn = tf.function(lambda: tf.reduce_sum(tf.matmul(a, b)))
   seconds, _ = time_fn(lambda: fn().numpy(), repeats=repeats)
   return 2.0 * size ** 3 / seconds / 1e9

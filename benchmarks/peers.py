@@ -185,12 +185,14 @@ def torch_matmul_worker(threads):
 
 
 def tf_matmul_worker(threads):
-  """Dense fp32 matmul GFLOP/s of TensorFlow (this venv), as benchmarks/common.py measures it."""
+  """Dense fp32 (and bfloat16) matmul GFLOP/s of TensorFlow (this venv), as benchmarks/common.py
+  measures it."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   import common  # pylint: disable=g-import-not-at-top
   tf.config.threading.set_intra_op_parallelism_threads(threads)
   return {"record": "matmul", "framework": "tensorflow", "version": tf.__version__,
-          "threads": threads, "size": MATMUL, "gflops": common.matmul_gflops(MATMUL)}
+          "threads": threads, "size": MATMUL, "gflops": common.matmul_gflops(MATMUL),
+          "gflops_bfloat16": common.matmul_gflops(MATMUL, dtype="bfloat16")}
 
 
 def ours_worker(name, steps, length, threads, warmup, profile=False):
@@ -320,16 +322,23 @@ def main(argv=None):
     ratios["peak_rss_%s_over_peer" % name] = r["peak_rss_mb"] / peer["peak_rss_mb"]
     r["utilisation"] = (r["tokens_per_sec"] * r["useful_flops_per_token"] /
                         (matmul["tensorflow"]["gflops"] * 1e9))
+    if OURS[name][1].get("activation_dtype") == "bfloat16":  # also over the bfloat16 rate
+      r["utilisation_bfloat16"] = (r["tokens_per_sec"] * r["useful_flops_per_token"] /
+                                   (matmul["tensorflow"]["gflops_bfloat16"] * 1e9))
   peer["utilisation"] = peer["tokens_per_sec"] * flops / (matmul["pytorch"]["gflops"] * 1e9)
   ratios["utilisation_peer"] = peer["utilisation"]
   for name, r in mine.items():
     ratios["utilisation_%s" % name] = r["utilisation"]
+    if "utilisation_bfloat16" in r:
+      ratios["utilisation_bfloat16_%s" % name] = r["utilisation_bfloat16"]
   ratios["matmul_tensorflow_over_pytorch"] = (matmul["tensorflow"]["gflops"] /
                                               matmul["pytorch"]["gflops"])
   common.emit(ratios)
   print("\n%s (%s), %d threads, %s; dense fp32 matmul %d^3: TensorFlow %.0f GFLOP/s, PyTorch %.0f "
-        "GFLOP/s" % (info["cpu_model"], info["simd"], args.threads, info["date"], MATMUL,
-                     matmul["tensorflow"]["gflops"], matmul["pytorch"]["gflops"]))
+        "GFLOP/s (TensorFlow bfloat16 %.0f)" % (
+            info["cpu_model"], info["simd"], args.threads, info["date"], MATMUL,
+            matmul["tensorflow"]["gflops"], matmul["pytorch"]["gflops"],
+            matmul["tensorflow"]["gflops_bfloat16"]))
   print("\n| implementation | s/step | tokens/s | peak process RSS | utilisation | graph build | "
         "parameters |\n|---|---|---|---|---|---|---|")
   for name, r in mine.items():
@@ -341,10 +350,12 @@ def main(argv=None):
         "| - | %s |" % (peer["torch"], peer["seconds_per_step"], peer["tokens_per_sec"],
                         peer["peak_rss_mb"] / 1024.0, "%.2f" % peer["utilisation"],
                         "{:,}".format(peer["parameters"])))
-  for name in mine:
-    print("\nours (%s) / peer: tokens/s %.2f, peak RSS %.2f" % (
+  for name, r in mine.items():
+    print("\nours (%s) / peer: tokens/s %.2f, peak RSS %.2f%s" % (
         name, ratios["tokens_per_sec_%s_over_peer" % name],
-        ratios["peak_rss_%s_over_peer" % name]))
+        ratios["peak_rss_%s_over_peer" % name],
+        "; utilisation of the bfloat16 matmul rate %.2f" % r["utilisation_bfloat16"]
+        if "utilisation_bfloat16" in r else ""))
   if args.profile:
     print(profile_table(dict(mine, peer=peer)))
   common.save(args.out, "peers.json", {"machine": info, "matmul": matmul, "ours": mine,
