@@ -12,6 +12,7 @@
     python benchmarks/lookup_study.py --phase J            # full attention at 512 tokens
     python benchmarks/lookup_study.py --phase K            # phase H at a learning rate of 0.01
     python benchmarks/lookup_study.py --phase L            # the paper's routing layout at 0.01
+    python benchmarks/lookup_study.py --phase M            # phase K's third seed
     python benchmarks/lookup_study.py --report             # table + curves from the results
 
 Each run is its own process (`benchmarks/retrieval_study.py`), appending one JSON line per
@@ -299,9 +300,15 @@ def phase_l(recipe=RECIPE):
                "routing_transformer_tiny1k", 2)])
 
 
+def phase_m(recipe=RECIPE):
+  """Phase K's third seed: full attention, `routing_only_transformer_tiny1k` and
+  `local_transformer_tiny1k` at the held rate, seed 3 (the same labels as phase K's runs)."""
+  return [run._replace(seed=3) for run in phase_k(recipe)[::2]]
+
+
 PHASES = {"A": phase_a, "B": phase_b, "C": phase_c, "D": phase_d, "E": phase_e, "F": phase_f,
           "G": phase_g, "H": phase_h, "I": phase_i, "J": phase_j, "K": phase_k,
-          "L": phase_l}
+          "L": phase_l, "M": phase_m}
 
 
 def load(path=RESULTS):
