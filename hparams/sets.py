@@ -330,7 +330,7 @@ def _tiny_recipe(hparams):
   residual with logits of std ~0.04, and a tiny model learns no look-up in 500 steps. With the
   rate decaying from 0.05 (`WARMUP_SCHEDULE`: 0.016 at step 1,000) full attention answered
   0.46-0.74 of the far look-ups after 3,000 steps, with 0.05 held none; held at 0.01 it answers
-  0.92-0.94 (docs/routing_learning.md, the look-up study, phases H-K)."""
+  0.92-0.97, three seeds (docs/routing_learning.md, the look-up study, phases H-M)."""
   hparams.learning_rate_schedule = HELD_SCHEDULE
   hparams.initializer_gain = 1.0
   hparams.learning_rate_warmup_steps = 100
@@ -412,7 +412,8 @@ def routing_only_transformer_tiny1k():
   kept off its own position (`routing_exclude_self`), two switches beyond the paper: the routing
   model that learns look-ups beyond a local window at this scale (docs/routing_learning.md,
   phases E-G). With local heads beside the routing heads, or with the paper's unscaled logits,
-  tiny models learn none in 1,000 steps."""
+  tiny models learn none in 1,000 steps (the paper's layout none in 3,000 at the held rate,
+  phase L)."""
   hparams = _heads(routing_transformer_tiny1k(), local=0, routing=4, skip_first=0, clusters=8,
                    window=128)
   return _routing_switches(hparams)
