@@ -7,12 +7,17 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def study():
+def benchmark(name):
+  """benchmarks/<name>.py as a module."""
   spec = importlib.util.spec_from_file_location(
-      "retrieval_study", os.path.join(ROOT, "benchmarks", "retrieval_study.py"))
+      name, os.path.join(ROOT, "benchmarks", name + ".py"))
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
   return module
+
+
+def study():
+  return benchmark("retrieval_study")
 
 
 def test_top_window_np_picks_the_best_positions_per_cluster():
@@ -52,11 +57,7 @@ def test_lookup_diagnostics_on_hand_built_vectors():
 
 
 def lookup_study():
-  spec = importlib.util.spec_from_file_location(
-      "lookup_study", os.path.join(ROOT, "benchmarks", "lookup_study.py"))
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
+  return benchmark("lookup_study")
 
 
 def test_lookup_study_overrides_keep_the_last_value_of_a_name():
