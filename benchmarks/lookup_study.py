@@ -270,40 +270,39 @@ def phase_j(recipe=RECIPE):
               MIXED_512, 2000, 250, 8, seed) for seed in (1, 2, 3)]
 
 
+def held_run(label, hparams_set, seed, recipe=RECIPE):
+  """A run of phases K-M: phase H's task and 3,000 steps at phase I's best rate, 0.01 held."""
+  return Run(label, "routing_transformer", hparams_set, ",".join((recipe, HELD_LR)),
+             "long_range_retrieval_1k_mixed", 3000, 250, 4, seed)
+
+
 def phase_k(recipe=RECIPE):
   """Phase H with phase I's best learning rate, 0.01 held after the warm-up: full attention for
   3,000 steps, seeds 1 and 2, then `routing_only_transformer_tiny1k` (seeds 1 and 2) and
   `local_transformer_tiny1k` (seed 1) at equal steps."""
-  def run(label, hparams_set, seed):
-    return Run(label, "routing_transformer", hparams_set, ",".join((recipe, HELD_LR)),
-               "long_range_retrieval_1k_mixed", 3000, 250, 4, seed)
-  return ([run("K full, constant learning rate 0.01, 3,000 steps", "full_transformer_tiny1k", seed)
-           for seed in (1, 2)] +
-          [run("K routing_only_transformer_tiny1k, constant learning rate 0.01",
-               "routing_only_transformer_tiny1k", seed) for seed in (1, 2)] +
-          [run("K local_transformer_tiny1k, constant learning rate 0.01",
-               "local_transformer_tiny1k", 1)])
+  return ([held_run("K full, constant learning rate 0.01, 3,000 steps", "full_transformer_tiny1k",
+                    seed, recipe) for seed in (1, 2)] +
+          [held_run("K routing_only_transformer_tiny1k, constant learning rate 0.01",
+                    "routing_only_transformer_tiny1k", seed, recipe) for seed in (1, 2)] +
+          [held_run("K local_transformer_tiny1k, constant learning rate 0.01",
+                    "local_transformer_tiny1k", 1, recipe)])
 
 
 def phase_l(recipe=RECIPE):
   """Phase K's held rate for the paper's routing layout (`routing_transformer_tiny1k`: local heads
   in both layers, 2 routing heads from layer 2, unscaled logits), seeds 1 and 2, and
   `local_transformer_tiny1k`'s seed 2, at phase K's 3,000 steps."""
-  def run(label, hparams_set, seed):
-    return Run(label, "routing_transformer", hparams_set, ",".join((recipe, HELD_LR)),
-               "long_range_retrieval_1k_mixed", 3000, 250, 4, seed)
-  return ([run("L routing_transformer_tiny1k, constant learning rate 0.01",
-               "routing_transformer_tiny1k", 1)] +
-          [run("K local_transformer_tiny1k, constant learning rate 0.01",
-               "local_transformer_tiny1k", 2)] +
-          [run("L routing_transformer_tiny1k, constant learning rate 0.01",
-               "routing_transformer_tiny1k", 2)])
+  paper = "L routing_transformer_tiny1k, constant learning rate 0.01"
+  return [held_run(paper, "routing_transformer_tiny1k", 1, recipe),
+          held_run("K local_transformer_tiny1k, constant learning rate 0.01",
+                   "local_transformer_tiny1k", 2, recipe),
+          held_run(paper, "routing_transformer_tiny1k", 2, recipe)]
 
 
 def phase_m(recipe=RECIPE):
   """Phase K's third seed: full attention, `routing_only_transformer_tiny1k` and
   `local_transformer_tiny1k` at the held rate, seed 3 (the same labels as phase K's runs)."""
-  return [run._replace(seed=3) for run in phase_k(recipe)[::2]]
+  return [run._replace(seed=3) for run in phase_k(recipe) if run.seed == 1]
 
 
 PHASES = {"A": phase_a, "B": phase_b, "C": phase_c, "D": phase_d, "E": phase_e, "F": phase_f,
