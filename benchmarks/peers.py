@@ -320,11 +320,10 @@ def main(argv=None):
   for name, r in mine.items():
     ratios["tokens_per_sec_%s_over_peer" % name] = r["tokens_per_sec"] / peer["tokens_per_sec"]
     ratios["peak_rss_%s_over_peer" % name] = r["peak_rss_mb"] / peer["peak_rss_mb"]
-    r["utilisation"] = (r["tokens_per_sec"] * r["useful_flops_per_token"] /
-                        (matmul["tensorflow"]["gflops"] * 1e9))
+    useful = r["tokens_per_sec"] * r["useful_flops_per_token"] / 1e9  # GFLOP/s
+    r["utilisation"] = useful / matmul["tensorflow"]["gflops"]
     if OURS[name][1].get("activation_dtype") == "bfloat16":  # also over the bfloat16 rate
-      r["utilisation_bfloat16"] = (r["tokens_per_sec"] * r["useful_flops_per_token"] /
-                                   (matmul["tensorflow"]["gflops_bfloat16"] * 1e9))
+      r["utilisation_bfloat16"] = useful / matmul["tensorflow"]["gflops_bfloat16"]
   peer["utilisation"] = peer["tokens_per_sec"] * flops / (matmul["pytorch"]["gflops"] * 1e9)
   ratios["utilisation_peer"] = peer["utilisation"]
   for name, r in mine.items():

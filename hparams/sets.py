@@ -87,7 +87,8 @@ HELD_SCHEDULE = "constant*linear_warmup"
 
 
 def _warmup(hparams):
-  """The learning rate rises linearly from 0 over learning_rate_warmup_steps (unit-test sets)."""
+  """The learning rate rises linearly from 0 over learning_rate_warmup_steps, then decays
+  (unit-test and books demo sets)."""
   hparams.learning_rate_schedule = WARMUP_SCHEDULE
   return hparams
 
@@ -342,8 +343,7 @@ def _books_recipe(hparams):
   """`_tiny_recipe` with the rate rising to 0.05 over 100 steps, then decaying as rsqrt
   (`WARMUP_SCHEDULE`: 0.019 at step 700): `make demo`'s 700 steps on the books reach a validation
   loss of 4.78 with it and 5.14 with the rate held at 0.01 (docs/routing_learning.md)."""
-  _tiny_recipe(hparams)
-  hparams.learning_rate_schedule = WARMUP_SCHEDULE
+  _warmup(_tiny_recipe(hparams))
   hparams.learning_rate_constant = 0.05
   return hparams
 
