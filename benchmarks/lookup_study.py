@@ -13,6 +13,7 @@
     python benchmarks/lookup_study.py --phase K            # phase H at a learning rate of 0.01
     python benchmarks/lookup_study.py --phase L            # the paper's routing layout at 0.01
     python benchmarks/lookup_study.py --phase M            # phase K's third seed
+    python benchmarks/lookup_study.py --phase N            # the paper layout + each switch
     python benchmarks/lookup_study.py --report             # table + curves from the results
 
 Each run is its own process (`benchmarks/retrieval_study.py`), appending one JSON line per
@@ -305,9 +306,29 @@ def phase_m(recipe=RECIPE):
   return [run._replace(seed=3) for run in phase_k(recipe) if run.seed == 1]
 
 
+def phase_n(recipe=RECIPE):
+  """The paper's routing layout (`routing_transformer_tiny1k`, phase L) at the held rate with each
+  routing switch beside it, one at a time, seed 1, 3,000 steps: both switches of
+  `routing_only_transformer_tiny1k` together first, then each alone, the learned logit scale,
+  separate keys and strictly causal routing; last the paper layout's third seed."""
+  paper = "routing_transformer_tiny1k"
+  variants = [
+      ("N paper layout + rsqrt_depth + routing_exclude_self",
+       "routing_logit_scale=rsqrt_depth,routing_exclude_self=True"),
+      ("N paper layout + rsqrt_depth", "routing_logit_scale=rsqrt_depth"),
+      ("N paper layout + routing_exclude_self", "routing_exclude_self=True"),
+      ("N paper layout + routing_logit_scale=learned", "routing_logit_scale=learned"),
+      ("N paper layout + share_qk=False", "share_qk=False"),
+      ("N paper layout + routing_mode=causal_window", "routing_mode=causal_window"),
+  ]
+  runs = [held_run(label, paper, 1, recipe) for label, _ in variants]
+  runs = [run._replace(hparams=overrides(run.hparams, hp)) for run, (_, hp) in zip(runs, variants)]
+  return runs + [r._replace(seed=3) for r in phase_l(recipe) if r.hparams_set == paper][:1]
+
+
 PHASES = {"A": phase_a, "B": phase_b, "C": phase_c, "D": phase_d, "E": phase_e, "F": phase_f,
           "G": phase_g, "H": phase_h, "I": phase_i, "J": phase_j, "K": phase_k,
-          "L": phase_l, "M": phase_m}
+          "L": phase_l, "M": phase_m, "N": phase_n}
 
 
 def load(path=RESULTS):

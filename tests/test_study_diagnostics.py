@@ -81,5 +81,5 @@ def test_lookup_study_phases_run_the_learning_rate_they_measured():
       assert rate(run) == (decay, 0.05), (phase, run.label)
   assert rate(study.PHASES["A"]()[0]) == (decay, 0.05)  # the control
   assert [rate(run) for run in study.PHASES["I"]()] == [(held, 0.05), (decay, 0.02), (held, 0.01)]
-  for phase in "KLM":
+  for phase in "KLMN":
     assert {rate(run) for run in study.PHASES[phase]()} == {(held, 0.01)}, phase
