@@ -52,6 +52,7 @@ CONFIGS = {  # name -> (train_step.py model, hparams overrides; "chunk" = logits
     "routing_chunked": ("routing", {"logits_chunk_size": "chunk"}),
     "routing_recompute_chunked": ("routing", {"recompute_layers": True,
                                               "logits_chunk_size": "chunk"}),
+    "routing_attention_recompute": ("routing", {"recompute_attention": True}),
     "routing_causal_window": ("routing_causal_window", {}),
     "local": ("local", {}),
     "local_recompute": ("local", {"recompute_layers": True}),

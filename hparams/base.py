@@ -102,10 +102,13 @@ def sparse_transformer_local():
       nan_guard=True,            # stop at a non-finite loss/gradient/centroid (health.py)
       reseed_dead_clusters=False,  # re-seed dead centroids from this step's queries
       dead_cluster_check_steps=1000,  # log dead clusters every N steps (0: never)
-      skip_corrupt_records=False,
+      skip_corrupt_records=False,  # True: skip corrupt/truncated TFRecords with a warning
       # Recompute each block's activations in the backward pass (memory: the block inputs plus
       # one block's activations); the k-means update still happens once per step.
-      recompute_layers=False,  # True: skip corrupt/truncated TFRecords with a warning
+      recompute_layers=False,
+      # The local heads keep only q, k, v for the backward pass and recompute their attention
+      # there (exact; no attention dropout); off in every set.
+      recompute_attention=False,
       # Training loss from the output projection this many positions at a time, recomputed in
       # the backward pass (never the whole [batch, length, vocab] logits); 0: off.
       logits_chunk_size=0,

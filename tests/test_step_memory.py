@@ -1,9 +1,9 @@
 """The training step's memory and waste rewrites equal the plain computations, gradients included:
 GEGLU's custom gradient, the chunked output projection + cross-entropy (`logits_chunk_size`), the
 per-kind q/k/v projections (no routing K with share_qk, no strided slices of the heads) and the
-causal_window scoring (the self weight read off a diagonal, the look-back block by tf.slice); and
-each keeps less alive for the backward pass (read off the graph: which forward tensors the
-gradient ops read)."""
+causal_window scoring (the self weight read off a diagonal, the look-back block by tf.slice) and
+the local heads' recomputed attention (`recompute_attention`); and each keeps less alive for the
+backward pass (read off the graph: which forward tensors the gradient ops read)."""
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -846,3 +846,73 @@ def test_prepostprocess_is_t2t_layer_prepostprocess(rng, sequence, previous):
   np.testing.assert_array_equal(mine[0], plain[0])  # the outputs, bit for bit
   for i, (a, b) in enumerate(zip(mine[1:], plain[1:])):  # TF's graph rewrites may round apart
     np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6, err_msg="gradient %d" % i)
+
+
+# --- recompute_attention: the local heads keep only q, k, v ------------------------------------
+
+LOCAL = heads.HeadConfig(window=8, block_length=8, flange=8, share_qk=False, routing_mode="topk",
+                         random_routing=False, legacy_causal_key_routing=False)
+
+
+def local_heads_graph(rng, recompute, causal=True, use_padding=False):
+  """(output, gradients w.r.t. q, k, v and both relative tables) of 3 local heads, n = 32,
+  blocks of 8 with one block of memory, float64."""
+  q, k, v = (tf.constant(rng.normal(size=(2, 3, 32, 4))) for _ in range(3))
+  tables = tuple(tf.constant(rng.normal(size=(2 * 9 + 1, 4))) for _ in range(2))
+  padding = tf.constant(rng.random((2, 32)) < 0.2) if use_padding else None
+  config = LOCAL._replace(recompute_attention=recompute)
+  out = heads.local_heads_attention(q, k, v, config, causal, padding, tables)
+  dy = tf.constant(rng.normal(size=(2, 3, 32, 4)))
+  return out, [tf.convert_to_tensor(g) for g in tf1.gradients(out, [q, k, v, *tables], dy)]
+
+
+@pytest.mark.parametrize("causal,use_padding", [(True, False), (False, True)])
+def test_recompute_attention_equals_the_kept_attention(causal, use_padding):
+  """recompute_attention: the same outputs and gradients (q, k, v, relative keys and values) as
+  the attention that keeps its weights, causal and with padding keys (encoder)."""
+  values = []
+  for recompute in (False, True):
+    with tf.Graph().as_default():
+      values.append(run_graph(local_heads_graph(np.random.default_rng(5), recompute, causal,
+                                                use_padding)))
+  (out, grads), (out2, grads2) = values
+  np.testing.assert_allclose(out2, out, rtol=1e-12, atol=1e-12)
+  assert len(grads2) == len(grads) == 5
+  for g, g2 in zip(grads, grads2):
+    assert np.abs(g).max() > 0
+    np.testing.assert_allclose(g2, g, rtol=1e-12, atol=1e-12)
+
+
+def test_recompute_attention_keeps_no_weights_or_memory_blocks():
+  """The weights [b, h, blocks, 8, 16] and the key/value memory blocks [b, h, blocks, 16, d]
+  (both 2 * 3 * 4 * 16 * 8 = 3,072 elements here) are read by the gradient ops of the plain
+  attention and by none with recompute_attention (which reads q, k, v)."""
+  saved = []
+  for recompute in (False, True):
+    graph = tf.Graph()
+    with graph.as_default():
+      local_heads_graph(np.random.default_rng(5), recompute)
+    saved.append(saved_for_backward(graph, 3072))
+  assert saved[0] and not saved[1], saved
+
+
+def test_recompute_attention_refuses_dropout():
+  with tf.Graph().as_default(), pytest.raises(ValueError, match="recompute_attention"):
+    rng = np.random.default_rng(5)
+    q = tf.constant(rng.normal(size=(1, 1, 16, 4)))
+    heads.local_heads_attention(q, q, q, LOCAL._replace(recompute_attention=True),
+                                dropout_rate=0.1)
+
+
+@pytest.mark.parametrize("overrides", [{}, {"recompute_layers": True}])
+def test_model_gradients_with_recompute_attention_equal_the_plain_step(rng, overrides):
+  """The whole training step (2 layers of local and routing heads, padding) with
+  recompute_attention, alone and inside recompute_layers: the same loss and gradients."""
+  features = {"targets": random_targets(rng, length=64, pad_from=50)}
+  before, loss, grads, _ = model_step(small_hparams(**overrides), features)
+  _, loss2, grads2, _ = model_step(small_hparams(recompute_attention=True, **overrides),
+                                   features, before)
+  np.testing.assert_allclose(loss2, loss, rtol=1e-7)
+  assert set(grads2) == set(grads) and len(grads) > 10
+  for name, g in grads.items():
+    np.testing.assert_allclose(grads2[name], g, rtol=1e-5, atol=1e-7, err_msg=name)

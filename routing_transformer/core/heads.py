@@ -11,17 +11,20 @@ import collections
 import tensorflow as tf
 
 from routing_transformer.core import attention
+from routing_transformer.core import recompute
 from routing_transformer.core.attention import incremental
 from routing_transformer.core.attention import routing as routing_lib
 
 HeadConfig = collections.namedtuple("HeadConfig", [
     "window", "block_length", "flange", "share_qk", "routing_mode", "random_routing",
-    "legacy_causal_key_routing", "routing_padding_as_original"], defaults=(False,))
+    "legacy_causal_key_routing", "routing_padding_as_original", "recompute_attention"],
+    defaults=(False, False))
 HeadConfig.__doc__ = """How a layer's heads attend (the attention functions' static arguments).
 
 window: members per routing cluster; block_length, flange: the local heads' blocks (query_shape,
 memory_flange); share_qk, routing_mode ("topk" | "causal_window"), random_routing,
-legacy_causal_key_routing, routing_padding_as_original (default False): as the hparams of the
+legacy_causal_key_routing, routing_padding_as_original (default False), recompute_attention
+(default False: the local heads keep their weights for the backward pass): as the hparams of the
 same names.
 """
 
@@ -107,7 +110,8 @@ def routing_heads_attention(q, k, v, means, config, causal=True, padding=None,
 def local_heads_attention(q, k, v, config, causal=True, padding=None, tables=(None, None),
                           dropout_rate=0.0, cache=None, position=None):
   """The local heads: blocked attention [b, hl, n, d] (unscaled: q carries d^-0.5), attention
-  dropout `dropout_rate` on the weights.
+  dropout `dropout_rate` on the weights. With config.recompute_attention the backward pass keeps
+  only q, k, v and the tables and recomputes the attention (exact; refused with dropout).
 
   With `cache` (one causal decoding step: q, k, v [b, hl, 1, d] of the int32 scalar `position`),
   the query attends over a ring of the last R >= flange + block positions (entries "local_k",
@@ -125,10 +129,21 @@ def local_heads_attention(q, k, v, config, causal=True, padding=None, tables=(No
         q, cache["local_k"], cache["local_v"], cache["local_pos"][0], position,
         config.block_length, config.flange, relative_keys=rel_k, relative_values=rel_v,
         scale=1.0)
-  return attention.local_attention(
-      q, k, v, config.block_length, config.flange, causal=causal, relative_keys=rel_k,
-      relative_values=rel_v, padding=None if causal else padding, scale=1.0,
-      dropout_rate=dropout_rate)
+  pad = None if causal else padding
+
+  def local(q, k, v, rel_k, rel_v, pad):
+    return attention.local_attention(
+        q, k, v, config.block_length, config.flange, causal=causal, relative_keys=rel_k,
+        relative_values=rel_v, padding=pad, scale=1.0, dropout_rate=dropout_rate)
+
+  if not config.recompute_attention:
+    return local(q, k, v, rel_k, rel_v, pad)
+  if dropout_rate:
+    raise ValueError(
+        "recompute_attention re-runs the local heads' attention in the backward pass and would "
+        "draw its dropout mask again; set attention_dropout=0 or recompute_attention=False")
+  # the padding mask is not differentiable: closed over, not an input of the recomputation
+  return recompute.recompute_function(lambda *a: local(*a, pad), q, k, v, rel_k, rel_v)
 
 
 def split_kinds(x, num_routing):

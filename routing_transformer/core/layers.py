@@ -186,7 +186,8 @@ def head_config(hparams, length=None):
       flange=flange, share_qk=hparams.share_qk,
       routing_mode=hparams.routing_mode, random_routing=hparams.random_routing,
       legacy_causal_key_routing=hparams.legacy_causal_key_routing,
-      routing_padding_as_original=bool(hparams.get("routing_padding_as_original", False)))
+      routing_padding_as_original=bool(hparams.get("routing_padding_as_original", False)),
+      recompute_attention=bool(hparams.get("recompute_attention", False)))
 
 
 def attention_dropout_rate(hparams, train):

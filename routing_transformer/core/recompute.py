@@ -1,4 +1,6 @@
-"""Rematerialisation of one residual block (hparam `recompute_layers`, tf.compat.v1 graphs).
+"""Rematerialisation of one residual block (hparam `recompute_layers`, tf.compat.v1 graphs) and
+of one pure function (`recompute_function`: the local heads' attention, hparam
+`recompute_attention`).
 
 `recompute_block(fn, inputs, substitutes)` runs fn(*inputs) -> (y, loss) once in the forward
 pass and keeps only its inputs: the backward pass re-runs fn (in the same variable scope, with
@@ -70,3 +72,36 @@ def recompute_block(fn, inputs, substitutes=None):
     return (y, loss), grad
 
   return block(*inputs)
+
+
+def recompute_function(fn, *tensors):
+  """fn(*tensors), keeping only `tensors` for the backward pass: the backward pass re-runs fn on
+  them once the output's gradient has arrived and differentiates the re-run.
+
+  fn must be pure (no variables, no random numbers, deterministic), so the re-run computes the
+  forward's values and the gradients equal those of fn itself. Entries of `tensors` may be None
+  (passed on to fn as None, no gradient).
+  Returns fn's single output tensor.
+  """
+  present = [i for i, t in enumerate(tensors) if t is not None]
+
+  def call(args):
+    full = list(tensors)
+    for i, t in zip(present, args):
+      full[i] = t
+    return fn(*full)
+
+  @tf.custom_gradient
+  def recomputed(*args):
+    y = call(args)
+
+    def grad(dy):
+      with tf.control_dependencies([dy]):  # re-run only once the gradient got here
+        replay = [tf.identity(t) for t in args]
+      with tf.name_scope("recompute"):
+        y2 = call(replay)
+      return tf.gradients(y2, replay, dy)
+
+    return y, grad
+
+  return recomputed(*[tensors[i] for i in present])
