@@ -18,7 +18,8 @@ with and without `recompute_layers` and with float32 or bfloat16 activations:
               cross-entropy gradient reads, float32; with --logits_chunk_size those of one chunk
               of positions).
               With recompute: the block inputs (checkpoints) + one block's other activations (the
-              block being re-run) + the embeddings and logits.
+              block being re-run) + the embeddings and logits. With --recompute_attention the
+              local heads keep no memory blocks or probabilities (q, k, v are counted already).
   total       params + grads + optimizer + activations
 
 bfloat16 activations: matmul inputs/outputs and GEGLU in bfloat16 (2 bytes), attention
@@ -27,6 +28,7 @@ loss stay float32). Boolean masks, scalars and transient buffers (the gradient o
 differentiated, XLA scratch) are not counted: an estimate of what stays alive, not a bound.
 
 Usage: python scripts/memory_estimate.py [--vocab 32768] [--length 8192] [--logits_chunk_size 0]
+                                         [--recompute_attention]
 """
 import argparse
 
@@ -113,10 +115,13 @@ def adafactor_slot_elements(shape):
   return _size(shape)
 
 
-def layer_activation_bytes(cfg, i, act, f32=4):
-  """{component: bytes} the backward pass of decoder block i reads (one sequence)."""
+def layer_activation_bytes(cfg, i, act, f32=4, recompute_attention=False):
+  """{component: bytes} the backward pass of decoder block i reads (one sequence);
+  recompute_attention: the local heads' attention is recomputed (hparam of the same name)."""
   n, h, f = cfg["length"], cfg["hidden"], cfg["filter"]
   routing, local, d = layer_heads(cfg, i)
+  if recompute_attention:
+    local = 0  # neither memory blocks nor probabilities kept
   memory_width = cfg["flange"] + cfg["block"]  # causal: the block and its flange
   out = {
       "block input": n * h * act,
@@ -142,14 +147,16 @@ def outside_activation_bytes(cfg, vocab, act, f32=4, logits_chunk=0):
           "logits and softmax (float32)": 2 * rows * vocab * f32}
 
 
-def estimate(cfg, vocab=VOCAB, recompute=False, bf16=False, logits_chunk=0):
+def estimate(cfg, vocab=VOCAB, recompute=False, bf16=False, logits_chunk=0,
+             recompute_attention=False):
   """Bytes per device of one training step; see the module docstring."""
   act = 2 if bf16 else 4
   shapes = variable_shapes(cfg, vocab)
   params = sum(_size(s) for _, s, trainable in shapes if trainable) * 4
   slots = sum(adafactor_slot_elements(s) for _, s, trainable in shapes if trainable) * 4
   kmeans = sum(_size(s) for _, s, trainable in shapes if not trainable) * 4
-  layers = [layer_activation_bytes(cfg, i, act) for i in range(cfg["layers"])]
+  layers = [layer_activation_bytes(cfg, i, act, recompute_attention=recompute_attention)
+            for i in range(cfg["layers"])]
   outside = sum(outside_activation_bytes(cfg, vocab, act, logits_chunk=logits_chunk).values())
   checkpoints = sum(layer["block input"] for layer in layers)
   # The block being re-run: everything it saves but its input (already a checkpoint).
@@ -172,23 +179,27 @@ def main(argv=None):
   parser.add_argument("--length", type=int, default=PG19_LOCAL_CLUSTER8K["length"])
   parser.add_argument("--logits_chunk_size", type=int, default=0,
                       help="positions per chunk of the output projection + loss (0: whole)")
+  parser.add_argument("--recompute_attention", action="store_true",
+                      help="the local heads' attention recomputed in the backward pass")
   args = parser.parse_args(argv)
   cfg = dict(PG19_LOCAL_CLUSTER8K, length=args.length)
   print("pg19_local_cluster8k, one sequence of %d tokens per device, vocab %d (%s parameters), "
-        "logits_chunk_size %d" % (cfg["length"], args.vocab,
-                                  "{:,}".format(estimate(cfg, args.vocab)["parameters"]),
-                                  args.logits_chunk_size))
+        "logits_chunk_size %d, recompute_attention %s" % (
+            cfg["length"], args.vocab, "{:,}".format(estimate(cfg, args.vocab)["parameters"]),
+            args.logits_chunk_size, args.recompute_attention))
   print("\n| recompute_layers | activations | params | grads | Adafactor + k-means | "
         "activations (blocks + outside) | total GiB |\n|---|---|---|---|---|---|---|")
   for recompute in (False, True):
     for bf16 in (False, True):
-      e = estimate(cfg, args.vocab, recompute, bf16, args.logits_chunk_size)
+      e = estimate(cfg, args.vocab, recompute, bf16, args.logits_chunk_size,
+                   args.recompute_attention)
       print("| %s | %s | %.2f | %.2f | %.3f | %.2f (%.2f + %.2f) | **%.2f** |" % (
           recompute, "bfloat16" if bf16 else "float32", e["params"] / GIB, e["grads"] / GIB,
           e["optimizer"] / GIB, e["activations"] / GIB, e["block_activations"] / GIB,
           e["outside_activations"] / GIB, e["total"] / GIB))
   print("\nOne block's activations (float32):")
-  for name, value in layer_activation_bytes(cfg, cfg["layers"] - 1, 4).items():
+  for name, value in layer_activation_bytes(cfg, cfg["layers"] - 1, 4,
+                                            recompute_attention=args.recompute_attention).items():
     print("  %-40s %8.1f MiB" % (name, value / 2.0 ** 20))
 
 

@@ -1,5 +1,6 @@
 """scripts/memory_estimate.py: its config is the registered set, its variables are the model's,
-and its totals add up (recompute keeps the checkpoints and one block; bfloat16 halves the rest)."""
+and its totals add up (recompute keeps the checkpoints and one block; bfloat16 halves the rest;
+recompute_attention drops the local heads' memory blocks and probabilities)."""
 import os
 import sys
 
@@ -64,3 +65,20 @@ def test_bfloat16_halves_only_the_bfloat16_tensors():
     np.testing.assert_equal(b16[name], f32[name] if kept else f32[name] / 2)
   assert memory_estimate.estimate(cfg, bf16=True)["params"] == memory_estimate.estimate(
       cfg)["params"]
+
+
+def test_recompute_attention_drops_the_local_heads_blocks_and_probabilities():
+  """pg19_local_cluster8k's first block (8 local heads of 129): memory blocks 2 x 8 x 8192 x 2 x
+  129 x 4 bytes and probabilities 8 x 8192 x 512 x 4 bytes are gone; nothing else changes."""
+  cfg = memory_estimate.PG19_LOCAL_CLUSTER8K
+  plain = memory_estimate.layer_activation_bytes(cfg, 0, 4)
+  recomputed = memory_estimate.layer_activation_bytes(cfg, 0, 4, recompute_attention=True)
+  assert plain["local key/value memory blocks"] == 2 * 8 * 8192 * 2 * 129 * 4
+  assert plain["local attention probabilities"] == 8 * 8192 * 512 * 4
+  gone = {"local key/value memory blocks", "local attention probabilities"}
+  assert {k for k in plain if recomputed[k] != plain[k]} == gone
+  assert all(recomputed[k] == 0 for k in gone)
+  saved = (memory_estimate.estimate(cfg)["total"] -
+           memory_estimate.estimate(cfg, recompute_attention=True)["total"])
+  last_layer_routing_heads = 2 * 8192 * 512 * 4 + 2 * 2 * 8192 * 2 * 129 * 4  # local there: 6
+  assert saved == 22 * sum(plain[k] for k in gone) - last_layer_routing_heads
