@@ -14,6 +14,7 @@
     python benchmarks/lookup_study.py --phase L            # the paper's routing layout at 0.01
     python benchmarks/lookup_study.py --phase M            # phase K's third seed
     python benchmarks/lookup_study.py --phase N            # the paper layout + each switch
+    python benchmarks/lookup_study.py --phase O            # phase A: positions, width, look-ups
     python benchmarks/lookup_study.py --report             # table + curves from the results
 
 Each run is its own process (`benchmarks/retrieval_study.py`), appending one JSON line per
@@ -326,9 +327,26 @@ def phase_n(recipe=RECIPE):
   return runs + [r._replace(seed=3) for r in phase_l(recipe) if r.hparams_set == paper][:1]
 
 
+def phase_o():
+  """Phase A's candidates it left out, one at a time, at the paper's gain 0.2 and at gain 1.0
+  (phase A's task, schedule and 500 steps, seed 1): relative positions off, a model of half the
+  width (hidden and embedding 64), 4 look-ups per sequence instead of 16; then the gain-1.0
+  control again (phase A's, on this machine)."""
+  layout, steps, every, seqs = "long_range_retrieval_256_mixed", 500, 100, 8
+  variants = [("relative positions off", "max_relative_position=0", layout),
+              ("hidden and embedding 64", "hidden_size=64,embedding_dims=64", layout),
+              ("4 look-ups per sequence", "", "mixed:256,4,16,8,2-32/33-250")]
+  runs = [Run("O %s, gain %s" % (name, gain), "routing_transformer", "full_transformer_tiny1k",
+              overrides(DECAYING_LR, "initializer_gain=" + gain, hp), where, steps, every, seqs, 1)
+          for gain in ("0.2", "1.0") for name, hp, where in variants]
+  return runs + [Run("O control, gain 1.0", "routing_transformer", "full_transformer_tiny1k",
+                     overrides(DECAYING_LR, "initializer_gain=1.0"), layout, steps, every, seqs,
+                     1)]
+
+
 PHASES = {"A": phase_a, "B": phase_b, "C": phase_c, "D": phase_d, "E": phase_e, "F": phase_f,
           "G": phase_g, "H": phase_h, "I": phase_i, "J": phase_j, "K": phase_k,
-          "L": phase_l, "M": phase_m, "N": phase_n}
+          "L": phase_l, "M": phase_m, "N": phase_n, "O": phase_o}
 
 
 def load(path=RESULTS):
@@ -460,7 +478,7 @@ def main(argv=None):
     plot(records, path, None, SUMMARY)
     print("wrote", path)
     return 0
-  runs = PHASES[args.phase]() if args.phase == "A" else PHASES[args.phase](args.recipe)
+  runs = PHASES[args.phase]() if args.phase in ("A", "O") else PHASES[args.phase](args.recipe)
   if args.only:
     runs = [r for r in runs if r.label in args.only.split(",")]
   todo = [r for r in runs if not finished(load(args.out), r)]

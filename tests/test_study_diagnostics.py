@@ -76,7 +76,7 @@ def test_lookup_study_phases_run_the_learning_rate_they_measured():
     return hp.get("learning_rate_schedule"), float(hp.get("learning_rate_constant", "nan"))
 
   decay, held = "constant*linear_warmup*rsqrt_normalized_decay", "constant*linear_warmup"
-  for phase in "BCDEFGHJ":
+  for phase in "BCDEFGHJO":
     for run in study.PHASES[phase]():
       assert rate(run) == (decay, 0.05), (phase, run.label)
   assert rate(study.PHASES["A"]()[0]) == (decay, 0.05)  # the control
