@@ -106,8 +106,9 @@ def sparse_transformer_local():
       # Recompute each block's activations in the backward pass (memory: the block inputs plus
       # one block's activations); the k-means update still happens once per step.
       recompute_layers=False,
-      # The local heads keep only q, k, v for the backward pass and recompute their attention
-      # there (exact; no attention dropout); off in every set.
+      # The local heads keep only q, k, v, the routing heads' cluster attention only its inputs,
+      # for the backward pass and recompute the attention there (exact; no attention dropout;
+      # not causal_window); off in every set.
       recompute_attention=False,
       # Training loss from the output projection this many positions at a time, recomputed in
       # the backward pass (never the whole [batch, length, vocab] logits); 0: off.

@@ -19,7 +19,8 @@ with and without `recompute_layers` and with float32 or bfloat16 activations:
               of positions).
               With recompute: the block inputs (checkpoints) + one block's other activations (the
               block being re-run) + the embeddings and logits. With --recompute_attention the
-              local heads keep no memory blocks or probabilities (q, k, v are counted already).
+              local heads keep no memory blocks or probabilities (q, k, v are counted already) and
+              the routing heads only q_hat (no gathered clusters or probabilities).
   total       params + grads + optimizer + activations
 
 bfloat16 activations: matmul inputs/outputs and GEGLU in bfloat16 (2 bytes), attention
@@ -117,20 +118,23 @@ def adafactor_slot_elements(shape):
 
 def layer_activation_bytes(cfg, i, act, f32=4, recompute_attention=False):
   """{component: bytes} the backward pass of decoder block i reads (one sequence);
-  recompute_attention: the local heads' attention is recomputed (hparam of the same name)."""
+  recompute_attention: the local heads' attention and the routing heads' cluster attention are
+  recomputed (hparam of the same name)."""
   n, h, f = cfg["length"], cfg["hidden"], cfg["filter"]
   routing, local, d = layer_heads(cfg, i)
+  routing_kept = 3  # q_hat and the gathered q and v
   if recompute_attention:
     local = 0  # neither memory blocks nor probabilities kept
+    routing_kept = 1  # q_hat only
   memory_width = cfg["flange"] + cfg["block"]  # causal: the block and its flange
   out = {
       "block input": n * h * act,
       "q, k, v": (3 * h - (routing * d if cfg["share_qk"] else 0)) * n * act,
       "local key/value memory blocks": 2 * local * n * (memory_width // cfg["block"]) * d * act,
       "local attention probabilities": local * n * memory_width * f32,
-      "routing q_hat and gathered q, v": routing * 3 * n * d * act if routing else 0,
-      "routing attention probabilities": (routing * cfg["clusters"] * cfg["window"] ** 2 * f32
-                                          if routing else 0),
+      "routing q_hat and gathered q, v": routing * routing_kept * n * d * act,
+      "routing attention probabilities": (0 if recompute_attention else
+                                          routing * cfg["clusters"] * cfg["window"] ** 2 * f32),
       "head_dense / output_transform inputs": 2 * n * h * act,
       "post-norm LayerNorms": 2 * 2 * n * h * f32,
       "ffn input": n * h * act,

@@ -1,6 +1,7 @@
 """scripts/memory_estimate.py: its config is the registered set, its variables are the model's,
 and its totals add up (recompute keeps the checkpoints and one block; bfloat16 halves the rest;
-recompute_attention drops the local heads' memory blocks and probabilities)."""
+recompute_attention drops the local heads' memory blocks and probabilities and the routing heads'
+gathered clusters and probabilities)."""
 import os
 import sys
 
@@ -81,4 +82,7 @@ def test_recompute_attention_drops_the_local_heads_blocks_and_probabilities():
   saved = (memory_estimate.estimate(cfg)["total"] -
            memory_estimate.estimate(cfg, recompute_attention=True)["total"])
   last_layer_routing_heads = 2 * 8192 * 512 * 4 + 2 * 2 * 8192 * 2 * 129 * 4  # local there: 6
-  assert saved == 22 * sum(plain[k] for k in gone) - last_layer_routing_heads
+  # and in the last block the 2 routing heads keep neither the gathered q and v
+  # (2 x 2 x 8192 x 129 x 4 bytes) nor the probabilities (2 x 16 x 512 x 512 x 4 bytes)
+  routing_saved = 2 * 2 * 8192 * 129 * 4 + 2 * 16 * 512 * 512 * 4
+  assert saved == 22 * sum(plain[k] for k in gone) - last_layer_routing_heads + routing_saved

@@ -2,8 +2,8 @@
 GEGLU's custom gradient, the chunked output projection + cross-entropy (`logits_chunk_size`), the
 per-kind q/k/v projections (no routing K with share_qk, no strided slices of the heads) and the
 causal_window scoring (the self weight read off a diagonal, the look-back block by tf.slice) and
-the local heads' recomputed attention (`recompute_attention`); and each keeps less alive for the
-backward pass (read off the graph: which forward tensors the gradient ops read)."""
+the recomputed attention of the local and the routing heads (`recompute_attention`); and each
+keeps less alive for the backward pass (read off the graph: which forward tensors the gradient ops read)."""
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -848,7 +848,7 @@ def test_prepostprocess_is_t2t_layer_prepostprocess(rng, sequence, previous):
     np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6, err_msg="gradient %d" % i)
 
 
-# --- recompute_attention: the local heads keep only q, k, v ------------------------------------
+# --- recompute_attention: local heads keep q, k, v; routing heads their inputs ----------------
 
 LOCAL = heads.HeadConfig(window=8, block_length=8, flange=8, share_qk=False, routing_mode="topk",
                          random_routing=False, legacy_causal_key_routing=False)
@@ -902,6 +902,67 @@ def test_recompute_attention_refuses_dropout():
     q = tf.constant(rng.normal(size=(1, 1, 16, 4)))
     heads.local_heads_attention(q, q, q, LOCAL._replace(recompute_attention=True),
                                 dropout_rate=0.1)
+
+
+def routing_graph(rng, recompute, causal=True, share_qk=True, use_padding=False, n=48,
+                  window=12):
+  """(output, diagnostics, gradients w.r.t. q, k (without share_qk), v, both relative tables
+  and a per-head logit scale) of 2 routing heads with 4 centroids, routing_attention with
+  exclude_self, float64."""
+  q, k, v = (tf.constant(rng.normal(size=(1, 2, n, 4))) for _ in range(3))
+  tables = tuple(tf.constant(rng.normal(size=(2 * window - 1, 4))) for _ in range(2))
+  centroids = tf.constant(rng.normal(size=(2, 4, 4)))
+  log_scale = tf.constant(rng.normal(size=(2,)) * 0.3)
+  padding = tf.constant(rng.random((1, n)) < 0.2) if use_padding else None
+  out, aux = routing.routing_attention(
+      q, k, v, centroids, window, causal=causal, share_qk=share_qk, padding=padding,
+      relative_keys=tables[0], relative_values=tables[1], exclude_self=True,
+      logit_scale=tf.exp(log_scale), recompute=recompute)
+  inputs = [q, v, *tables, log_scale] + ([] if share_qk else [k])
+  dy = tf.constant(rng.normal(size=(1, 2, n, 4)))
+  grads = tf1.gradients(out, inputs, dy)
+  return out, (aux["member_count"], aux["self_weight"]), [tf.convert_to_tensor(g) for g in grads]
+
+
+@pytest.mark.parametrize("causal,share_qk,use_padding", [
+    (True, True, False), (False, False, True), (False, True, True)])
+def test_recompute_attention_routing_equals_the_kept_cluster_attention(causal, share_qk,
+                                                                       use_padding):
+  """routing_attention(recompute=True): the same outputs, diagnostics and gradients (q, k, v,
+  relative keys and values, a learned per-head scale) as the cluster attention that keeps its
+  weights; causal, and encoder with separately routed keys and padding."""
+  values = []
+  for recompute in (False, True):
+    with tf.Graph().as_default():
+      values.append(run_graph(routing_graph(np.random.default_rng(7), recompute, causal,
+                                            share_qk, use_padding)))
+  (out, diag, grads), (out2, diag2, grads2) = values
+  np.testing.assert_allclose(out2, out, rtol=1e-12, atol=1e-12)
+  for d, d2 in zip(diag, diag2):
+    np.testing.assert_allclose(d2, d, rtol=1e-12, atol=1e-12)
+  assert len(grads2) == len(grads) == (5 if share_qk else 6)
+  for g, g2 in zip(grads, grads2):
+    assert np.abs(g).max() > 0
+    np.testing.assert_allclose(g2, g, rtol=1e-12, atol=1e-12)
+
+
+def test_recompute_attention_routing_keeps_no_cluster_weights():
+  """The cluster weights [b, h, c, w, w] (1 * 2 * 4 * 12 * 12 = 1,152 elements) are read by the
+  gradient ops of the plain routing attention and by none with recompute=True."""
+  saved = []
+  for recompute in (False, True):
+    graph = tf.Graph()
+    with graph.as_default():
+      routing_graph(np.random.default_rng(7), recompute)
+    saved.append(saved_for_backward(graph, 1152))
+  assert saved[0] and not saved[1], saved
+
+
+def test_recompute_attention_routing_refuses_dropout():
+  with tf.Graph().as_default(), pytest.raises(ValueError, match="recompute_attention"):
+    q = tf.constant(np.random.default_rng(5).normal(size=(1, 1, 16, 4)))
+    routing.routing_attention(q, q, q, tf.ones([1, 2, 4], tf.float64), 8, dropout_rate=0.1,
+                              recompute=True)
 
 
 @pytest.mark.parametrize("overrides", [{}, {"recompute_layers": True}])

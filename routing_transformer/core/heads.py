@@ -24,8 +24,9 @@ HeadConfig.__doc__ = """How a layer's heads attend (the attention functions' sta
 window: members per routing cluster; block_length, flange: the local heads' blocks (query_shape,
 memory_flange); share_qk, routing_mode ("topk" | "causal_window"), random_routing,
 legacy_causal_key_routing, routing_padding_as_original (default False), recompute_attention
-(default False: the local heads keep their weights for the backward pass): as the hparams of the
-same names.
+(default False: the heads keep their weights for the backward pass; True: the local heads'
+attention and the routing heads' top-k cluster attention are recomputed there): as the hparams of
+the same names.
 """
 
 
@@ -57,7 +58,8 @@ def routing_heads_attention(q, k, v, means, config, causal=True, padding=None,
   routing_mode="causal_window" use `causal_window_attention`, everything else (and every
   encoder) the paper's top-k routing. `options`: further keyword arguments of both functions
   (the extensions exclude_self, logit_scale). dropout_rate: attention dropout on the weights
-  (TRAIN mode). dropout_rate and config.routing_padding_as_original reach the functions only
+  (TRAIN mode). dropout_rate, config.routing_padding_as_original and config.recompute_attention
+  (top-k routing: the cluster attention recomputed in the backward pass) reach the functions only
   when set, so a call without them is the paper's call, keyword for keyword.
 
   With `cache` (one causal decoding step: q, k, v [b, hr, 1, d] of the int32 scalar `position`;
@@ -97,10 +99,12 @@ def routing_heads_attention(q, k, v, means, config, causal=True, padding=None,
     options["dropout_rate"] = dropout_rate
   if config.routing_padding_as_original:
     options["padding_as_original"] = True
-  if causal and config.routing_mode == "causal_window":
+  if causal and config.routing_mode == "causal_window":  # not recomputed
     return attention.causal_window_attention(
         q, k, v, means, config.window, share_qk=config.share_qk, padding=padding,
         relative_keys=rel_k, relative_values=rel_v, **options)
+  if config.recompute_attention:
+    options["recompute"] = True
   return attention.routing_attention(
       q, k, v, means, config.window, causal=causal, share_qk=config.share_qk, padding=padding,
       relative_keys=rel_k, relative_values=rel_v, random_routing=config.random_routing,

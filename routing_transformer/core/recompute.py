@@ -1,6 +1,6 @@
 """Rematerialisation of one residual block (hparam `recompute_layers`, tf.compat.v1 graphs) and
-of one pure function (`recompute_function`: the local heads' attention, hparam
-`recompute_attention`).
+of one pure function (`recompute_function`: the local heads' attention and the routing heads'
+cluster attention, hparam `recompute_attention`).
 
 `recompute_block(fn, inputs, substitutes)` runs fn(*inputs) -> (y, loss) once in the forward
 pass and keeps only its inputs: the backward pass re-runs fn (in the same variable scope, with
@@ -80,8 +80,9 @@ def recompute_function(fn, *tensors):
 
   fn must be pure (no variables, no random numbers, deterministic), so the re-run computes the
   forward's values and the gradients equal those of fn itself. Entries of `tensors` may be None
-  (passed on to fn as None, no gradient).
-  Returns fn's single output tensor.
+  (passed on to fn as None, no gradient). fn returns one tensor y, or a tuple (y, *side): side
+  outputs (diagnostics) are the forward's values and carry no gradient.
+  Returns y, or the tuple (y, *side).
   """
   present = [i for i, t in enumerate(tensors) if t is not None]
 
@@ -91,17 +92,22 @@ def recompute_function(fn, *tensors):
       full[i] = t
     return fn(*full)
 
+  def first(outputs):
+    return outputs[0] if isinstance(outputs, tuple) else outputs
+
   @tf.custom_gradient
   def recomputed(*args):
-    y = call(args)
+    outputs = call(args)
+    if isinstance(outputs, tuple):
+      outputs = (outputs[0],) + tuple(tf.stop_gradient(t) for t in outputs[1:])
 
-    def grad(dy):
+    def grad(dy, *_):  # the side outputs' gradients are dropped
       with tf.control_dependencies([dy]):  # re-run only once the gradient got here
         replay = [tf.identity(t) for t in args]
       with tf.name_scope("recompute"):
-        y2 = call(replay)
+        y2 = first(call(replay))
       return tf.gradients(y2, replay, dy)
 
-    return y, grad
+    return outputs, grad
 
   return recomputed(*[tensors[i] for i in present])

@@ -10,10 +10,13 @@ Cost O(n c d + c w^2 d); with c = n / w and w ~ sqrt(n) this is O(n^1.5 d).
 `routing_attention` is those steps in order: `normalised_inputs` (1), `route` (2, 3: assignments,
 commitment loss, members), `cluster_attention` (4 to 7). The original release's causal rule with
 separate keys, which only its checkpoints need, is `legacy.causal_key_routing_attention`.
+With recompute=True (hparam `recompute_attention`) steps 4 to 7 keep only their inputs for the
+backward pass and run again there (`recomputed_cluster_attention`).
 """
 import tensorflow as tf
 
 from routing_transformer.core import kmeans
+from routing_transformer.core import recompute as recompute_lib
 from routing_transformer.core.attention import common
 
 COUNT_EPSILON = 1e-2
@@ -263,10 +266,50 @@ def cluster_attention(aux, v, window, causal, key_padding=None, relative_keys=No
   return tf.cast(summed / (count + COUNT_EPSILON), v.dtype), aux
 
 
+def recomputed_cluster_attention(aux, v, window, causal, key_padding=None, relative_keys=None,
+                                 relative_values=None, exclude_self=False, logit_scale=None):
+  """`cluster_attention` (without dropout) keeping only q_hat, k_hat, v, the tables, the logit
+  scale and the members for the backward pass: the gathered clusters and the weights
+  [b, h, c, w, w] are recomputed there once the output's gradient has arrived. The same values
+  and gradients; the diagnostics "member_count" and "self_weight" carry no gradient."""
+  q_hat, k_hat = aux["q_hat"], aux["k_hat"]
+  scale_is_tensor = isinstance(logit_scale, (tf.Tensor, tf.Variable))
+  indices = {key: aux[key] for key in ("query_indices", "key_indices")}  # the same objects
+
+  def attend(q_hat, k_hat, v, rel_k, rel_v, scale):
+    inner = dict(indices, q_hat=q_hat, k_hat=q_hat if k_hat is None else k_hat)
+    out, inner = cluster_attention(inner, v, window, causal, key_padding, rel_k, rel_v,
+                                   exclude_self, scale if scale_is_tensor else logit_scale)
+    return out, inner["member_count"], inner["self_weight"]
+
+  out, aux["member_count"], aux["self_weight"] = recompute_lib.recompute_function(
+      attend, q_hat, None if k_hat is q_hat else k_hat, v, relative_keys, relative_values,
+      tf.convert_to_tensor(logit_scale) if scale_is_tensor else None)
+  return out, aux
+
+
+def check_recompute(dropout_rate, name):
+  if dropout_rate:
+    raise ValueError(
+        "%s: recompute_attention re-runs the attention in the backward pass and would draw its "
+        "dropout mask again; set attention_dropout=0 or recompute_attention=False" % name)
+
+
+def attend_in_clusters(aux, v, window, causal, key_padding, relative_keys, relative_values,
+                       exclude_self, logit_scale, dropout_rate, recompute):
+  """Steps 4 to 7: `cluster_attention`, or with recompute `recomputed_cluster_attention`."""
+  if not recompute:
+    return cluster_attention(aux, v, window, causal, key_padding, relative_keys,
+                             relative_values, exclude_self, logit_scale, dropout_rate)
+  check_recompute(dropout_rate, "routing_attention")
+  return recomputed_cluster_attention(aux, v, window, causal, key_padding, relative_keys,
+                                      relative_values, exclude_self, logit_scale)
+
+
 def routing_attention(q, k, v, centroids, window, causal=True, share_qk=True, padding=None,
                       relative_keys=None, relative_values=None, random_routing=False,
                       exclude_self=False, logit_scale=None, dropout_rate=0.0,
-                      padding_as_original=False):
+                      padding_as_original=False, recompute=False):
   """Content-based sparse attention inside balanced clusters (SPEC section 2).
 
   Args:
@@ -288,6 +331,8 @@ def routing_attention(q, k, v, centroids, window, causal=True, share_qk=True, pa
       per-head [h] tensor multiplying the logits (relative logits included).
     dropout_rate: attention dropout on the weights (hparam `attention_dropout` in TRAIN mode).
     padding_as_original: padding as the original release treats it (`padding_roles`).
+    recompute: the cluster attention keeps only its inputs for the backward pass and runs again
+      there (`recomputed_cluster_attention`; refuses dropout).
   With bfloat16 (float16) q, k, v (hparam `activation_dtype`), everything after the
   normalisation (scores, k-means terms, cluster logits, softmax, values) is computed in float32
   and only the output is cast back.
@@ -308,8 +353,8 @@ def routing_attention(q, k, v, centroids, window, causal=True, share_qk=True, pa
   key_pad, member_pad, kmeans_pad = padding_roles(pad, causal, padding_as_original)
   aux = route(q_hat, k_hat, mu, window, share_qk, not causal, member_pad,
               position_weights(kmeans_pad, tf.shape(q_hat)[0], q_hat.shape[2]), random_routing)
-  return cluster_attention(aux, v, window, causal, key_pad, rel_k, rel_v, exclude_self,
-                           logit_scale, dropout_rate)
+  return attend_in_clusters(aux, v, window, causal, key_pad, rel_k, rel_v, exclude_self,
+                            logit_scale, dropout_rate, recompute)
 
 
 def routing_statistics(member_count, self_weight, weights):
