@@ -103,9 +103,14 @@ TORCH_MATMUL_OPS = ("aten::mm", "aten::bmm", "aten::addmm", "aten::baddbmm", "at
 
 
 def matmul_share(by_op, matmul_ops):
-  """Share of the summed op time spent in dense matmul ops: [(op, ms)] -> float."""
+  """Share of the summed op time spent in dense matmul ops: [(op, ms)] -> float. TF builds with
+  oneDNN rename the ops they take over (_MklMatMul, _MklEinsum, _MklFusedMatMul): those count
+  as the op they stand for."""
+  def plain(op):
+    return ("_" + op[4:] if op[4:] == "FusedMatMul" else op[4:]) if op.startswith("_Mkl") else op
+
   total = sum(ms for _, ms in by_op)
-  return sum(ms for op, ms in by_op if op in matmul_ops) / total if total else 0.0
+  return sum(ms for op, ms in by_op if plain(op) in matmul_ops) / total if total else 0.0
 
 
 def torch_op_profile(step, top=15):

@@ -697,6 +697,22 @@ def test_useful_flops_per_token_hand_numbers():
   assert train_step.model_hparams("routing", 32768).sparsity_cluster_size == 64
 
 
+def test_matmul_share_counts_onednn_ops_as_the_ops_they_stand_for():
+  """bench-peers' profile on a oneDNN build (AVX-512 machines) names the matmuls _MklMatMul,
+  _MklEinsum, _MklFusedMatMul: they are matmuls; _MklSoftmax and plain Mul are not."""
+  import os  # pylint: disable=g-import-not-at-top
+  import sys  # pylint: disable=g-import-not-at-top
+  sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                  "benchmarks"))
+  import peers  # pylint: disable=g-import-not-at-top
+  by_op = [("_MklMatMul", 50.0), ("_MklEinsum", 10.0), ("_MklFusedMatMul", 5.0),
+           ("BatchMatMulV2", 5.0), ("_MklSoftmax", 10.0), ("Mul", 20.0)]
+  assert peers.matmul_share(by_op, peers.TF_MATMUL_OPS) == pytest.approx(0.7)
+  assert peers.matmul_share([("aten::mm", 3.0), ("aten::mul", 1.0)],
+                            peers.TORCH_MATMUL_OPS) == pytest.approx(0.75)
+  assert peers.matmul_share([], peers.TF_MATMUL_OPS) == 0.0
+
+
 def test_memory_breakdown_counts_what_the_needed_gradient_ops_read():
   """benchmarks/step_memory_breakdown.py's kept tensors: what the gradient ops the fetches need
   read from the forward pass, in bytes (y = tanh(x w): dw reads x and tanh's output y; the

@@ -142,10 +142,7 @@ def local_heads_attention(q, k, v, config, causal=True, padding=None, tables=(No
 
   if not config.recompute_attention:
     return local(q, k, v, rel_k, rel_v, pad)
-  if dropout_rate:
-    raise ValueError(
-        "recompute_attention re-runs the local heads' attention in the backward pass and would "
-        "draw its dropout mask again; set attention_dropout=0 or recompute_attention=False")
+  routing_lib.check_recompute(dropout_rate, "local_heads_attention")
   # the padding mask is not differentiable: closed over, not an input of the recomputation
   return recompute.recompute_function(lambda *a: local(*a, pad), q, k, v, rel_k, rel_v)
 

@@ -289,6 +289,7 @@ def recomputed_cluster_attention(aux, v, window, causal, key_padding=None, relat
 
 
 def check_recompute(dropout_rate, name):
+  """Refuses attention dropout under recompute_attention (a re-run would draw a new mask)."""
   if dropout_rate:
     raise ValueError(
         "%s: recompute_attention re-runs the attention in the backward pass and would draw its "
