@@ -882,6 +882,18 @@ def local_heads_graph(rng, recompute, causal=True, use_padding=False):
   return out, [tf.convert_to_tensor(g) for g in tf1.gradients(out, [q, k, v, *tables], dy)]
 
 
+def assert_kept_only_without_recompute(build, size):
+  """build(recompute) makes a graph: forward tensors of `size` elements are read by its gradient
+  ops without recompute and by none with it."""
+  saved = []
+  for recompute in (False, True):
+    graph = tf.Graph()
+    with graph.as_default():
+      build(recompute)
+    saved.append(saved_for_backward(graph, size))
+  assert saved[0] and not saved[1], saved
+
+
 @pytest.mark.parametrize("causal,use_padding", [(True, False), (False, True)])
 def test_recompute_attention_equals_the_kept_attention(causal, use_padding):
   """recompute_attention: the same outputs and gradients (q, k, v, relative keys and values) as
@@ -903,13 +915,8 @@ def test_recompute_attention_keeps_no_weights_or_memory_blocks():
   """The weights [b, h, blocks, 8, 16] and the key/value memory blocks [b, h, blocks, 16, d]
   (both 2 * 3 * 4 * 16 * 8 = 3,072 elements here) are read by the gradient ops of the plain
   attention and by none with recompute_attention (which reads q, k, v)."""
-  saved = []
-  for recompute in (False, True):
-    graph = tf.Graph()
-    with graph.as_default():
-      local_heads_graph(np.random.default_rng(5), recompute)
-    saved.append(saved_for_backward(graph, 3072))
-  assert saved[0] and not saved[1], saved
+  assert_kept_only_without_recompute(lambda r: local_heads_graph(np.random.default_rng(5), r),
+                                     3072)
 
 
 def test_recompute_attention_refuses_dropout():
@@ -965,13 +972,7 @@ def test_recompute_attention_routing_equals_the_kept_cluster_attention(causal, s
 def test_recompute_attention_routing_keeps_no_cluster_weights():
   """The cluster weights [b, h, c, w, w] (1 * 2 * 4 * 12 * 12 = 1,152 elements) are read by the
   gradient ops of the plain routing attention and by none with recompute=True."""
-  saved = []
-  for recompute in (False, True):
-    graph = tf.Graph()
-    with graph.as_default():
-      routing_graph(np.random.default_rng(7), recompute)
-    saved.append(saved_for_backward(graph, 1152))
-  assert saved[0] and not saved[1], saved
+  assert_kept_only_without_recompute(lambda r: routing_graph(np.random.default_rng(7), r), 1152)
 
 
 def test_recompute_attention_routing_refuses_dropout():
