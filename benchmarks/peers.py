@@ -90,6 +90,8 @@ OURS = {  # name -> (train_step.py model, hparams overrides)
     "routing_recompute_chunked_bf16": ("routing", {"recompute_layers": True,
                                                    "logits_chunk_size": LOGITS_CHUNK,
                                                    "activation_dtype": "bfloat16"}),
+    "routing_attention_recompute_bf16": ("routing", {"recompute_attention": True,
+                                                     "activation_dtype": "bfloat16"}),
 }
 for _name in ("routing", "routing_recompute_chunked"):  # the same under XLA auto-clustering
   OURS[_name + "_xla"] = OURS[_name]
