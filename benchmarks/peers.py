@@ -108,11 +108,14 @@ def matmul_share(by_op, matmul_ops):
   """Share of the summed op time spent in dense matmul ops: [(op, ms)] -> float. TF builds with
   oneDNN rename the ops they take over (_MklMatMul, _MklEinsum, _MklFusedMatMul): those count
   as the op they stand for."""
-  def plain(op):
-    return ("_" + op[4:] if op[4:] == "FusedMatMul" else op[4:]) if op.startswith("_Mkl") else op
+  def is_matmul(op):
+    if op.startswith("_Mkl"):  # _MklMatMul stands for MatMul, _MklFusedMatMul for _FusedMatMul
+      op = op[len("_Mkl"):]
+      return op in matmul_ops or "_" + op in matmul_ops
+    return op in matmul_ops
 
   total = sum(ms for _, ms in by_op)
-  return sum(ms for op, ms in by_op if plain(op) in matmul_ops) / total if total else 0.0
+  return sum(ms for op, ms in by_op if is_matmul(op)) / total if total else 0.0
 
 
 def torch_op_profile(step, top=15):

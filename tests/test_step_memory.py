@@ -3,7 +3,12 @@ GEGLU's custom gradient, the chunked output projection + cross-entropy (`logits_
 per-kind q/k/v projections (no routing K with share_qk, no strided slices of the heads) and the
 causal_window scoring (the self weight read off a diagonal, the look-back block by tf.slice) and
 the recomputed attention of the local and the routing heads (`recompute_attention`); and each
-keeps less alive for the backward pass (read off the graph: which forward tensors the gradient ops read)."""
+keeps less alive for the backward pass (read off the graph: which forward tensors the gradient
+ops read)."""
+import importlib
+import os
+import sys
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -43,6 +48,14 @@ def saved_for_backward(graph, size):
           t.shape.is_fully_defined() and t.shape.num_elements() == size):
         saved.add(buffer_of(t).name)
   return saved
+
+
+def benchmark_module(name):
+  """benchmarks/<name>.py, imported with benchmarks/ on sys.path (its modules import each other)."""
+  here = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks")
+  if here not in sys.path:
+    sys.path.insert(0, here)
+  return importlib.import_module(name)
 
 
 def run_graph(fetches, feeds=None):
@@ -676,11 +689,7 @@ def test_topk_self_mask_from_a_static_identity_is_exact(rng, causal, exclude_sel
 def test_useful_flops_per_token_hand_numbers():
   """benchmarks/train_step.py's count: bench-8k routing is 121 MFLOP/token (the figure of the
   performance issue); causal block pairs by hand."""
-  import os  # pylint: disable=g-import-not-at-top
-  import sys  # pylint: disable=g-import-not-at-top
-  sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                                  "benchmarks"))
-  import train_step  # pylint: disable=g-import-not-at-top
+  train_step = benchmark_module("train_step")
   assert train_step.causal_pairs(8, 4, 4) == (0 + 10) + (16 + 10)
   assert train_step.causal_pairs(8, 4, 8) == 36  # the flange is cut at the start
   n = 8192
@@ -700,11 +709,7 @@ def test_useful_flops_per_token_hand_numbers():
 def test_matmul_share_counts_onednn_ops_as_the_ops_they_stand_for():
   """bench-peers' profile on a oneDNN build (AVX-512 machines) names the matmuls _MklMatMul,
   _MklEinsum, _MklFusedMatMul: they are matmuls; _MklSoftmax and plain Mul are not."""
-  import os  # pylint: disable=g-import-not-at-top
-  import sys  # pylint: disable=g-import-not-at-top
-  sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                                  "benchmarks"))
-  import peers  # pylint: disable=g-import-not-at-top
+  peers = benchmark_module("peers")
   by_op = [("_MklMatMul", 50.0), ("_MklEinsum", 10.0), ("_MklFusedMatMul", 5.0),
            ("BatchMatMulV2", 5.0), ("_MklSoftmax", 10.0), ("Mul", 20.0)]
   assert peers.matmul_share(by_op, peers.TF_MATMUL_OPS) == pytest.approx(0.7)
@@ -717,11 +722,7 @@ def test_memory_breakdown_counts_what_the_needed_gradient_ops_read():
   """benchmarks/step_memory_breakdown.py's kept tensors: what the gradient ops the fetches need
   read from the forward pass, in bytes (y = tanh(x w): dw reads x and tanh's output y; the
   gradient of x, which would read w, is not fetched, so w is not kept)."""
-  import os  # pylint: disable=g-import-not-at-top
-  import sys  # pylint: disable=g-import-not-at-top
-  sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                                  "benchmarks"))
-  import step_memory_breakdown  # pylint: disable=g-import-not-at-top
+  step_memory_breakdown = benchmark_module("step_memory_breakdown")
   graph = tf.Graph()
   with graph.as_default():
     x = tf.exp(tf.constant(np.ones((4, 3), np.float32)))
@@ -882,6 +883,15 @@ def local_heads_graph(rng, recompute, causal=True, use_padding=False):
   return out, [tf.convert_to_tensor(g) for g in tf1.gradients(out, [q, k, v, *tables], dy)]
 
 
+def with_and_without_recompute(build):
+  """The values of build(False) and of build(True), each built in its own graph."""
+  values = []
+  for recompute in (False, True):
+    with tf.Graph().as_default():
+      values.append(run_graph(build(recompute)))
+  return values
+
+
 def assert_kept_only_without_recompute(build, size):
   """build(recompute) makes a graph: forward tensors of `size` elements are read by its gradient
   ops without recompute and by none with it."""
@@ -898,12 +908,8 @@ def assert_kept_only_without_recompute(build, size):
 def test_recompute_attention_equals_the_kept_attention(causal, use_padding):
   """recompute_attention: the same outputs and gradients (q, k, v, relative keys and values) as
   the attention that keeps its weights, causal and with padding keys (encoder)."""
-  values = []
-  for recompute in (False, True):
-    with tf.Graph().as_default():
-      values.append(run_graph(local_heads_graph(np.random.default_rng(5), recompute, causal,
-                                                use_padding)))
-  (out, grads), (out2, grads2) = values
+  (out, grads), (out2, grads2) = with_and_without_recompute(
+      lambda r: local_heads_graph(np.random.default_rng(5), r, causal, use_padding))
   np.testing.assert_allclose(out2, out, rtol=1e-12, atol=1e-12)
   assert len(grads2) == len(grads) == 5
   for g, g2 in zip(grads, grads2):
@@ -954,12 +960,8 @@ def test_recompute_attention_routing_equals_the_kept_cluster_attention(causal, s
   """routing_attention(recompute=True): the same outputs, diagnostics and gradients (q, k, v,
   relative keys and values, a learned per-head scale) as the cluster attention that keeps its
   weights; causal, and encoder with separately routed keys and padding."""
-  values = []
-  for recompute in (False, True):
-    with tf.Graph().as_default():
-      values.append(run_graph(routing_graph(np.random.default_rng(7), recompute, causal,
-                                            share_qk, use_padding)))
-  (out, diag, grads), (out2, diag2, grads2) = values
+  (out, diag, grads), (out2, diag2, grads2) = with_and_without_recompute(
+      lambda r: routing_graph(np.random.default_rng(7), r, causal, share_qk, use_padding))
   np.testing.assert_allclose(out2, out, rtol=1e-12, atol=1e-12)
   for d, d2 in zip(diag, diag2):
     np.testing.assert_allclose(d2, d, rtol=1e-12, atol=1e-12)

@@ -142,7 +142,7 @@ def local_heads_attention(q, k, v, config, causal=True, padding=None, tables=(No
 
   if not config.recompute_attention:
     return local(q, k, v, rel_k, rel_v, pad)
-  routing_lib.check_recompute(dropout_rate, "local_heads_attention")
+  recompute.refuse_dropout(dropout_rate, "local_heads_attention")
   # the padding mask is not differentiable: closed over, not an input of the recomputation
   return recompute.recompute_function(lambda *a: local(*a, pad), q, k, v, rel_k, rel_v)
 

@@ -74,6 +74,14 @@ def recompute_block(fn, inputs, substitutes=None):
   return block(*inputs)
 
 
+def refuse_dropout(dropout_rate, name):
+  """Attention dropout cannot be recomputed (a re-run would draw a new mask): ValueError."""
+  if dropout_rate:
+    raise ValueError(
+        "%s: recompute_attention re-runs the attention in the backward pass and would draw its "
+        "dropout mask again; set attention_dropout=0 or recompute_attention=False" % name)
+
+
 def recompute_function(fn, *tensors):
   """fn(*tensors), keeping only `tensors` for the backward pass: the backward pass re-runs fn on
   them once the output's gradient has arrived and differentiates the re-run.

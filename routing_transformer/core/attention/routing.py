@@ -288,21 +288,13 @@ def recomputed_cluster_attention(aux, v, window, causal, key_padding=None, relat
   return out, aux
 
 
-def check_recompute(dropout_rate, name):
-  """Refuses attention dropout under recompute_attention (a re-run would draw a new mask)."""
-  if dropout_rate:
-    raise ValueError(
-        "%s: recompute_attention re-runs the attention in the backward pass and would draw its "
-        "dropout mask again; set attention_dropout=0 or recompute_attention=False" % name)
-
-
 def attend_in_clusters(aux, v, window, causal, key_padding, relative_keys, relative_values,
                        exclude_self, logit_scale, dropout_rate, recompute):
   """Steps 4 to 7: `cluster_attention`, or with recompute `recomputed_cluster_attention`."""
   if not recompute:
     return cluster_attention(aux, v, window, causal, key_padding, relative_keys,
                              relative_values, exclude_self, logit_scale, dropout_rate)
-  check_recompute(dropout_rate, "routing_attention")
+  recompute_lib.refuse_dropout(dropout_rate, "routing_attention")
   return recomputed_cluster_attention(aux, v, window, causal, key_padding, relative_keys,
                                       relative_values, exclude_self, logit_scale)
 
