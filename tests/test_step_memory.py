@@ -19,11 +19,13 @@ from routing_transformer.core import chunked_loss
 from routing_transformer.core import heads
 from routing_transformer.core import layers
 from routing_transformer.core import norm
+from routing_transformer.core import recompute
 from routing_transformer.core.attention import causal_window as cw
 from routing_transformer.core.attention import common
 from routing_transformer.core.attention import routing
 from routing_transformer.t2t import model as model_lib
 from tensor2tensor.layers import common_layers
+from tensorflow.python.grappler import tf_optimizer  # pylint: disable=g-direct-tensorflow-import
 from test_model import EVAL, TRAIN, VOCAB, build, random_targets, small_hparams
 
 tf1 = tf.compat.v1
@@ -131,7 +133,7 @@ def test_geglu_activation_gradient_equals_the_plain_gradient(rng):
     np.testing.assert_allclose(got, want, rtol=1e-12)
 
 
-def geglu_graph(rng, dtype, chunk_rows, plain=False):
+def geglu_graph(rng, dtype, chunk_rows, plain=False, chunk_forward=False):
   """(y, gradients of sum(y * cotangent) w.r.t. x and the three kernels, graph) of
   layers.geglu_ffn over chunks of `chunk_rows` positions (or, plain=True, of plain_geglu) on
   random x [2, 5, 8] and kernels (filter 24) in a new graph."""
@@ -142,7 +144,7 @@ def geglu_graph(rng, dtype, chunk_rows, plain=False):
                for shape in ((8, 24), (8, 24), (24, 8))]
     cotangent = tf.constant(rng.standard_normal((2, 5, 8)), dtype)
     y = (plain_geglu(x, *kernels) if plain else
-         layers.geglu_ffn(x, *kernels, chunk_rows=chunk_rows))
+         layers.geglu_ffn(x, *kernels, chunk_rows=chunk_rows, chunk_forward=chunk_forward))
     grads = tf1.gradients(tf.reduce_sum(y * cotangent), [x] + kernels)
     values = run_graph([y, grads])
   return values, graph
@@ -190,6 +192,41 @@ def test_geglu_backward_temporaries_hold_one_chunk_of_positions():
   # control_dependencies block, which the slice then needs).
   assert all(op.control_inputs or op.inputs[1].op.control_inputs for op in slices)
   assert layers.row_chunks(10, 3) == [(0, 3), (3, 3), (6, 3), (9, 1)]
+
+
+@pytest.mark.parametrize("dtype,rtol,chunk_rows", [
+    (tf.float64, 1e-12, 3), (tf.float64, 1e-12, 64), (tf.float32, 1e-5, 4)])
+def test_geglu_chunked_forward_equals_the_plain_ops(dtype, rtol, chunk_rows):
+  """chunk_forward (training): gelu(a) * b and its product with W3 over chunks of positions;
+  the output and every gradient equal the plain ops'."""
+  (y, grads), _ = geglu_graph(np.random.default_rng(7), dtype, chunk_rows, chunk_forward=True)
+  (y_plain, grads_plain), _ = geglu_graph(np.random.default_rng(7), dtype, chunk_rows,
+                                          plain=True)
+  np.testing.assert_allclose(y, y_plain, rtol=rtol, atol=rtol * np.abs(y_plain).max())
+  for got, want, name in zip(grads, grads_plain, ["x", "weight1", "weight2", "weight3"]):
+    assert np.abs(want).max() > 0, name
+    np.testing.assert_allclose(got, want, rtol=rtol, atol=rtol * np.abs(want).max(), err_msg=name)
+
+
+def test_geglu_chunked_forward_temporaries_hold_one_chunk_of_positions():
+  """With chunk_forward the forward pass's only [positions, filter] tensors over more than one
+  chunk are the two matmul outputs a and b (the plain forward also holds gelu's intermediates and
+  the product over all 10 positions), and its chunks run one after the other."""
+  def wide_forward(graph):
+    return [op.name for op in graph.get_operations()
+            if not op.name.startswith("gradients") and op.type not in ("Reshape", "Identity")
+            and any(t.shape.rank and t.shape[-1] == 24 and t.shape.num_elements() > 3 * 24
+                    and t.shape.as_list() != [8, 24] for t in op.outputs)]
+  _, graph = geglu_graph(np.random.default_rng(7), tf.float32, 3, chunk_forward=True)
+  _, unchunked = geglu_graph(np.random.default_rng(7), tf.float32, 3)
+  assert len(wide_forward(unchunked)) >= 5
+  wide = wide_forward(graph)
+  assert len(wide) == 2 and all("weight" in name for name in wide), wide
+  slices = [op for op in graph.get_operations()
+            if not op.name.startswith("gradients") and op.type == "Slice"]
+  assert len(slices) == 4 * 2  # 4 chunks x (a, b)
+  waiting = [op for op in slices if op.control_inputs or op.inputs[1].op.control_inputs]
+  assert len(waiting) == 3 * 2  # every chunk after the first
 
 
 def test_model_gradients_with_a_chunked_ffn_backward_equal_one_chunk(rng, monkeypatch):
@@ -871,15 +908,15 @@ LOCAL = heads.HeadConfig(window=8, block_length=8, flange=8, share_qk=False, rou
                          random_routing=False, legacy_causal_key_routing=False)
 
 
-def local_heads_graph(rng, recompute, causal=True, use_padding=False):
-  """(output, gradients w.r.t. q, k, v and both relative tables) of 3 local heads, n = 32,
-  blocks of 8 with one block of memory, float64."""
-  q, k, v = (tf.constant(rng.normal(size=(2, 3, 32, 4))) for _ in range(3))
+def local_heads_graph(rng, recompute, causal=True, use_padding=False, num_heads=3):
+  """(output, gradients w.r.t. q, k, v and both relative tables) of 3 local heads (or
+  `num_heads`), n = 32, blocks of 8 with one block of memory, float64."""
+  q, k, v = (tf.constant(rng.normal(size=(2, num_heads, 32, 4))) for _ in range(3))
   tables = tuple(tf.constant(rng.normal(size=(2 * 9 + 1, 4))) for _ in range(2))
   padding = tf.constant(rng.random((2, 32)) < 0.2) if use_padding else None
   config = LOCAL._replace(recompute_attention=recompute)
   out = heads.local_heads_attention(q, k, v, config, causal, padding, tables)
-  dy = tf.constant(rng.normal(size=(2, 3, 32, 4)))
+  dy = tf.constant(rng.normal(size=(2, num_heads, 32, 4)))
   return out, [tf.convert_to_tensor(g) for g in tf1.gradients(out, [q, k, v, *tables], dy)]
 
 
@@ -904,12 +941,14 @@ def assert_kept_only_without_recompute(build, size):
   assert saved[0] and not saved[1], saved
 
 
-@pytest.mark.parametrize("causal,use_padding", [(True, False), (False, True)])
-def test_recompute_attention_equals_the_kept_attention(causal, use_padding):
+@pytest.mark.parametrize("causal,use_padding,num_heads", [
+    (True, False, 3), (False, True, 3), (True, False, 4), (False, True, 6)])
+def test_recompute_attention_equals_the_kept_attention(causal, use_padding, num_heads):
   """recompute_attention: the same outputs and gradients (q, k, v, relative keys and values) as
-  the attention that keeps its weights, causal and with padding keys (encoder)."""
+  the attention that keeps its weights, causal and with padding keys (encoder); 3 heads run one
+  at a time, 4 and 6 in groups of two (`heads.head_groups`)."""
   (out, grads), (out2, grads2) = with_and_without_recompute(
-      lambda r: local_heads_graph(np.random.default_rng(5), r, causal, use_padding))
+      lambda r: local_heads_graph(np.random.default_rng(5), r, causal, use_padding, num_heads))
   np.testing.assert_allclose(out2, out, rtol=1e-12, atol=1e-12)
   assert len(grads2) == len(grads) == 5
   for g, g2 in zip(grads, grads2):
@@ -931,6 +970,54 @@ def test_recompute_attention_refuses_dropout():
     q = tf.constant(rng.normal(size=(1, 1, 16, 4)))
     heads.local_heads_attention(q, q, q, LOCAL._replace(recompute_attention=True),
                                 dropout_rate=0.1)
+
+
+def test_recompute_attention_runs_head_groups_one_after_another():
+  """4 local heads in 2 groups: the second group's slices of q, k, v wait for the first group's
+  output in the forward pass, and for its gradients in the backward pass (whose first group
+  waits for the incoming gradient), so one group's weights are alive at a time."""
+  assert [heads.head_groups(h) for h in (1, 2, 3, 4, 6)] == [1, 1, 3, 2, 3]
+  graph = tf.Graph()
+  with graph.as_default():
+    local_heads_graph(np.random.default_rng(5), True, num_heads=4)
+  slices = [op for op in graph.get_operations() if op.type == "Slice"
+            and op.inputs[0].shape.as_list() == [2, 4, 32, 4]]
+  forward = [op for op in slices if not op.name.startswith("gradients")]
+  backward = [op for op in slices if op.name.startswith("gradients")]
+  assert len(forward) == len(backward) == 2 * 3  # 2 groups x (q, k, v)
+
+  def waits_for(op):  # on the slice or on its begin (a constant made in the same block)
+    return op.control_inputs or op.inputs[1].op.control_inputs
+
+  assert [bool(waits_for(op)) for op in forward] == [False] * 3 + [True] * 3
+  assert all(waits_for(op) for op in backward[3:])
+  assert all(op.inputs[0].op.type == "Identity" and op.inputs[0].op.control_inputs
+             for op in backward[:3])  # the re-run's inputs wait for the incoming gradient
+
+
+def test_recompute_in_groups_refuses_uneven_groups():
+  with tf.Graph().as_default(), pytest.raises(ValueError, match="equal groups"):
+    x = tf.zeros([1, 3, 4, 2])
+    recompute.recompute_in_groups(lambda a: a, [x], [], groups=2)
+
+
+def test_model_step_with_grouped_recompute_sorts_for_grappler():
+  """The training step with recompute_attention inside recompute_layers (layer 0 has 4 local
+  heads: 2 groups) passes Grappler's arithmetic optimizer, which refuses a graph it cannot sort
+  topologically (and TF then runs the step without its rewrites)."""
+  features = {"targets": random_targets(np.random.default_rng(3), length=64, pad_from=50)}
+  graph = tf.Graph()
+  with graph.as_default():
+    _, losses = build(small_hparams(recompute_attention=True, recompute_layers=True), TRAIN,
+                      features)
+    graph.add_to_collection("train_op",
+                            tf1.train.GradientDescentOptimizer(0.1).minimize(losses["training"]))
+    meta = tf1.train.export_meta_graph(graph=graph)
+  config = tf1.ConfigProto()
+  config.graph_options.rewrite_options.optimizers.append("arithmetic")
+  config.graph_options.rewrite_options.min_graph_nodes = -1
+  optimized = tf_optimizer.OptimizeGraph(config, meta)
+  assert len(optimized.node) > 100
 
 
 def routing_graph(rng, recompute, causal=True, share_qk=True, use_padding=False, n=48,

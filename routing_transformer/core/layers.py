@@ -358,7 +358,7 @@ def row_chunks(rows, size):
   return [(start, min(size, rows - start)) for start in range(0, rows, size)]
 
 
-def geglu_ffn(x, w1, w2, w3, chunk_rows=None):
+def geglu_ffn(x, w1, w2, w3, chunk_rows=None, chunk_forward=False):
   """The GEGLU block (gelu(x W1) * (x W2)) W3: x [..., hidden] (leading dims static), kernels
   [hidden, f], [hidden, f], [f, hidden] -> [..., hidden].
 
@@ -369,7 +369,10 @@ def geglu_ffn(x, w1, w2, w3, chunk_rows=None):
   (gelu's intermediates, the product, their gradients) then exist for one chunk of rows at a
   time instead of for all positions (chunk_rows: default FFN_BACKWARD_ROWS). The output is the
   plain ops'; the gradients are theirs up to the order of the sums over rows (a kernel's
-  gradient adds the chunks' products)."""
+  gradient adds the chunks' products). With `chunk_forward` (training) the forward pass also
+  computes gelu(a) * b and its product with W3 one chunk of rows after the other, so gelu's
+  [positions, f] temporaries are not alive for all positions at once there either; the output
+  then equals the plain ops' up to the matmul's rounding of row blocks."""
   rows = x.shape[:-1].num_elements()
   chunk_rows = chunk_rows or FFN_BACKWARD_ROWS
 
@@ -394,7 +397,16 @@ def geglu_ffn(x, w1, w2, w3, chunk_rows=None):
       dx = tf.reshape(tf.concat(dxs, axis=0) if len(dxs) > 1 else dxs[0], x.shape)
       return [dx] + sums
 
-    return apply_kernel(geglu_hidden(a, b), w3), grad
+    if not chunk_forward:
+      return apply_kernel(geglu_hidden(a, b), w3), grad
+    flat_a, flat_b = [tf.reshape(t, [rows, t.shape[-1]]) for t in (a, b)]
+    ys = []
+    for start, size in row_chunks(rows, chunk_rows):
+      with tf.control_dependencies(ys[-1:]):  # one chunk after the other
+        a_c, b_c = [tf.slice(t, [start, 0], [size, -1]) for t in (flat_a, flat_b)]
+      ys.append(tf.matmul(geglu_hidden(a_c, b_c), w3))
+    y = tf.concat(ys, axis=0) if len(ys) > 1 else ys[0]
+    return tf.reshape(y, x.shape[:-1].as_list() + [w3.shape[-1]]), grad
 
   return block(x, w1, w2, w3)
 
@@ -404,7 +416,8 @@ def ffn(x, hparams, train=False):
 
   GEGLU (variables `weight1/kernel`, `weight2/kernel`, `weight3/kernel`, as `dense` creates
   them) keeps only x, x W1 and x W2 for its backward pass, which runs FFN_BACKWARD_ROWS positions
-  at a time (`geglu_ffn`); with relu_dropout in training, or leading dims not static,
+  at a time, as does the training forward past the two matmuls (`geglu_ffn`); with relu_dropout
+  in training, or leading dims not static,
   `geglu_activation` / `geglu_output` on the whole tensors."""
   if hparams.ffn_layer == "geglu":
     dtype, hidden, filters = x.dtype.base_dtype, x.shape[-1], hparams.filter_size
@@ -413,7 +426,7 @@ def ffn(x, hparams, train=False):
     w3 = tf.convert_to_tensor(dense_kernel("weight3", filters, hparams.hidden_size, dtype))
     dropout = train and hparams.relu_dropout
     if x.shape[:-1].is_fully_defined() and not dropout:
-      return geglu_ffn(x, w1, w2, w3)
+      return geglu_ffn(x, w1, w2, w3, chunk_forward=train)
     with tf.name_scope("weight1"):
       a = apply_kernel(x, w1)
     with tf.name_scope("weight2"):

@@ -119,3 +119,84 @@ def recompute_function(fn, *tensors):
     return outputs, grad
 
   return recomputed(*[tensors[i] for i in present])
+
+
+def _slice_axis(x, axis, start, size):
+  """x[..., start:start + size, ...] along `axis` (tf.slice)."""
+  begin, sizes = [0] * x.shape.rank, [-1] * x.shape.rank
+  begin[axis], sizes[axis] = start, size
+  return tf.slice(x, begin, sizes)
+
+
+def recompute_in_groups(fn, grouped, shared, groups, axis=1):
+  """concat_i fn(*grouped_i, *shared) along `axis`, where grouped_i holds the i-th of `groups`
+  equal slices (along `axis`) of each tensor of `grouped`; fn must act on each slice
+  independently (e.g. attention heads along the head axis) and be pure, as in
+  `recompute_function`. The groups run one after another, in the forward pass and again in the
+  backward pass, which keeps only the inputs and re-runs each group once the output's gradient
+  has arrived and the previous group's gradients are done: one group's attention weights and
+  their gradients are alive at a time instead of every head's. `shared` entries (e.g. relative
+  position tables; None allowed, no gradient) go to every group; their gradients add the groups'.
+  groups=1 is `recompute_function`.
+
+  Args:
+    fn: (*grouped slices, *shared) -> one tensor, sliced like the grouped inputs along `axis`.
+    grouped: list of tensors with equal static sizes along `axis`, divisible by `groups`.
+    shared: list of tensors or None.
+    groups: int >= 1.
+    axis: the axis to slice.
+  Returns:
+    fn's output for all slices.
+  """
+  grouped = [tf.convert_to_tensor(t) for t in grouped]
+  if groups == 1:
+    return recompute_function(fn, *(grouped + list(shared)))
+  size = grouped[0].shape[axis]
+  if groups < 1 or size is None or size % groups:
+    raise ValueError("recompute_in_groups: %s slices along axis %d do not split into %r equal "
+                     "groups" % (size, axis, groups))
+  num_grouped, part = len(grouped), size // groups
+  present = [i for i, t in enumerate(shared) if t is not None]
+
+  def with_shared(args):
+    full = list(shared)
+    for i, t in zip(present, args):
+      full[i] = t
+    return full
+
+  def group_slices(tensors, index, after):
+    """Group `index` of each tensor, read once the tensors of `after` exist."""
+    with tf.control_dependencies(after):
+      return [_slice_axis(t, axis, index * part, part) for t in tensors]
+
+  @tf.custom_gradient
+  def recomputed(*args):
+    outputs = []
+    for i in range(groups):
+      inputs = group_slices(args[:num_grouped], i, outputs[-1:])
+      outputs.append(fn(*(inputs + with_shared(args[num_grouped:]))))
+
+    def grad(dy):
+      # Identities of the inputs that wait for dy, sliced per group anew. (Re-reading the
+      # forward's per-group pieces here left Grappler's arithmetic optimizer with a step it
+      # could not sort topologically: it skipped its rewrites and the step ran 1.25x slower.)
+      with tf.control_dependencies([dy]):
+        replay = [tf.identity(t) for t in args]
+      dys = tf.split(dy, groups, axis=axis)
+      grouped_grads, shared_grads, after = [[] for _ in range(num_grouped)], None, []
+      for i in range(groups):
+        inputs = group_slices(replay[:num_grouped], i, after)
+        with tf.name_scope("recompute"):
+          y2 = fn(*(inputs + with_shared(replay[num_grouped:])))
+        grads = tf.gradients(y2, inputs + replay[num_grouped:], dys[i])
+        for slot, g in zip(grouped_grads, grads[:num_grouped]):
+          slot.append(g)
+        parts = grads[num_grouped:]
+        shared_grads = parts if shared_grads is None else [
+            _add(s, p) for s, p in zip(shared_grads, parts)]
+        after = [g for g in grads if g is not None]
+      return [tf.concat(g, axis=axis) for g in grouped_grads] + shared_grads
+
+    return tf.concat(outputs, axis=axis), grad
+
+  return recomputed(*(grouped + [shared[i] for i in present]))
