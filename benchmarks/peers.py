@@ -92,6 +92,10 @@ OURS = {  # name -> (train_step.py model, hparams overrides)
                                                    "activation_dtype": "bfloat16"}),
     "routing_attention_recompute_bf16": ("routing", {"recompute_attention": True,
                                                      "activation_dtype": "bfloat16"}),
+    "routing_recompute_chunked_attention_bf16": ("routing", {"recompute_layers": True,
+                                                             "logits_chunk_size": LOGITS_CHUNK,
+                                                             "recompute_attention": True,
+                                                             "activation_dtype": "bfloat16"}),
 }
 for _name in ("routing", "routing_recompute_chunked"):  # the same under XLA auto-clustering
   OURS[_name + "_xla"] = OURS[_name]
