@@ -1,6 +1,7 @@
 """Rematerialisation of one residual block (hparam `recompute_layers`, tf.compat.v1 graphs) and
-of one pure function (`recompute_function`: the local heads' attention and the routing heads'
-cluster attention, hparam `recompute_attention`).
+of one pure function (`recompute_function`: the routing heads' cluster attention, hparam
+`recompute_attention`), or of one over groups of slices run one after another
+(`recompute_in_groups`: the local heads' attention, a group of heads at a time).
 
 `recompute_block(fn, inputs, substitutes)` runs fn(*inputs) -> (y, loss) once in the forward
 pass and keeps only its inputs: the backward pass re-runs fn (in the same variable scope, with
