@@ -52,6 +52,12 @@ def saved_for_backward(graph, size):
   return saved
 
 
+def waits(op):
+  """Whether a Slice op waits on something: on the slice itself or on its begin (a constant
+  made inside the same control_dependencies block, which the slice then needs)."""
+  return bool(op.control_inputs or op.inputs[1].op.control_inputs)
+
+
 def benchmark_module(name):
   """benchmarks/<name>.py, imported with benchmarks/ on sys.path (its modules import each other)."""
   here = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks")
@@ -188,9 +194,7 @@ def test_geglu_backward_temporaries_hold_one_chunk_of_positions():
   slices = [op for op in graph.get_operations()
             if op.name.startswith("gradients") and op.type == "Slice"]
   assert len(slices) == 4 * 4  # 4 chunks x (x, a, b, dy)
-  # The wait is on each slice or on its begin (the constant made inside the same
-  # control_dependencies block, which the slice then needs).
-  assert all(op.control_inputs or op.inputs[1].op.control_inputs for op in slices)
+  assert all(waits(op) for op in slices)
   assert layers.row_chunks(10, 3) == [(0, 3), (3, 3), (6, 3), (9, 1)]
 
 
@@ -225,7 +229,7 @@ def test_geglu_chunked_forward_temporaries_hold_one_chunk_of_positions():
   slices = [op for op in graph.get_operations()
             if not op.name.startswith("gradients") and op.type == "Slice"]
   assert len(slices) == 4 * 2  # 4 chunks x (a, b)
-  waiting = [op for op in slices if op.control_inputs or op.inputs[1].op.control_inputs]
+  waiting = [op for op in slices if waits(op)]
   assert len(waiting) == 3 * 2  # every chunk after the first
 
 
@@ -985,12 +989,8 @@ def test_recompute_attention_runs_head_groups_one_after_another():
   forward = [op for op in slices if not op.name.startswith("gradients")]
   backward = [op for op in slices if op.name.startswith("gradients")]
   assert len(forward) == len(backward) == 2 * 3  # 2 groups x (q, k, v)
-
-  def waits_for(op):  # on the slice or on its begin (a constant made in the same block)
-    return op.control_inputs or op.inputs[1].op.control_inputs
-
-  assert [bool(waits_for(op)) for op in forward] == [False] * 3 + [True] * 3
-  assert all(waits_for(op) for op in backward[3:])
+  assert [waits(op) for op in forward] == [False] * 3 + [True] * 3
+  assert all(waits(op) for op in backward[3:])
   assert all(op.inputs[0].op.type == "Identity" and op.inputs[0].op.control_inputs
              for op in backward[:3])  # the re-run's inputs wait for the incoming gradient
 

@@ -83,6 +83,20 @@ def refuse_dropout(dropout_rate, name):
         "dropout mask again; set attention_dropout=0 or recompute_attention=False" % name)
 
 
+def _present(tensors):
+  """(indices of the entries of `tensors` that are not None, fill) where fill(values) is
+  `tensors` with those entries replaced by `values` in order (the Nones kept)."""
+  present = [i for i, t in enumerate(tensors) if t is not None]
+
+  def fill(values):
+    full = list(tensors)
+    for i, t in zip(present, values):
+      full[i] = t
+    return full
+
+  return present, fill
+
+
 def recompute_function(fn, *tensors):
   """fn(*tensors), keeping only `tensors` for the backward pass: the backward pass re-runs fn on
   them once the output's gradient has arrived and differentiates the re-run.
@@ -93,13 +107,10 @@ def recompute_function(fn, *tensors):
   outputs (diagnostics) are the forward's values and carry no gradient.
   Returns y, or the tuple (y, *side).
   """
-  present = [i for i, t in enumerate(tensors) if t is not None]
+  present, fill = _present(tensors)
 
   def call(args):
-    full = list(tensors)
-    for i, t in zip(present, args):
-      full[i] = t
-    return fn(*full)
+    return fn(*fill(args))
 
   def first(outputs):
     return outputs[0] if isinstance(outputs, tuple) else outputs
@@ -157,13 +168,7 @@ def recompute_in_groups(fn, grouped, shared, groups, axis=1):
     raise ValueError("recompute_in_groups: %s slices along axis %d do not split into %r equal "
                      "groups" % (size, axis, groups))
   num_grouped, part = len(grouped), size // groups
-  present = [i for i, t in enumerate(shared) if t is not None]
-
-  def with_shared(args):
-    full = list(shared)
-    for i, t in zip(present, args):
-      full[i] = t
-    return full
+  present, with_shared = _present(shared)
 
   def group_slices(tensors, index, after):
     """Group `index` of each tensor, read once the tensors of `after` exist."""
