@@ -43,6 +43,7 @@ BF16 = "bfloat16"
 # bfloat16 keeps 8 significant bits: its unit roundoff, the largest relative change of a value
 # rounded to bfloat16, is 2^-8 (0.39%).
 BF16_EPS = 2.0 ** -8
+PRE_NORM = {"layer_preprocess_sequence": "n", "layer_postprocess_sequence": "da"}
 
 Step = collections.namedtuple("Step", "before loss extra grads after logits graph")
 
@@ -358,17 +359,20 @@ def test_float32_softmax_of_bfloat16_logits(rng):
   np.testing.assert_allclose(g, want_grad, atol=4 * BF16_EPS * np.abs(want_grad).max())
 
 
-def test_recompute_layers_gives_the_same_bfloat16_step(rng):
-  """recompute_layers re-runs each block's bfloat16 ops on the same inputs: the same loss and
-  k-means loss bit for bit. The re-run's backward pass adds the same gradient terms in another
+@pytest.mark.parametrize("norms", [{}, PRE_NORM], ids=["post_norm", "pre_norm"])
+def test_recompute_layers_gives_the_same_bfloat16_step(rng, norms):
+  """recompute_layers re-runs each block's bfloat16 ops on the same inputs (post-norm: the whole
+  block; pre-norm: cut at the bfloat16 residual sums): the same loss and k-means loss bit for
+  bit. The re-run's backward pass adds the same gradient terms in another
   order, and in bfloat16 each partial sum is rounded by up to u = 2^-8 (TF's threaded bfloat16
   reductions do not even fix the order from run to run; the same check in float32 differs by
   4e-7 of the largest entry): every gradient within 8u of its norm (measured up to 4.6u, the
   embedding dense bias, a sum over all positions) and in the same direction (cosine > 0.999,
   measured >= 0.99984)."""
   features = features_of(rng)
-  plain = step(set_hparams(activation_dtype=BF16), features)
-  again = step(set_hparams(activation_dtype=BF16, recompute_layers=True), features, plain.before)
+  plain = step(set_hparams(activation_dtype=BF16, **norms), features)
+  again = step(set_hparams(activation_dtype=BF16, recompute_layers=True, **norms), features,
+               plain.before)
   assert again.loss == plain.loss and again.extra == plain.extra
   assert set(again.grads) == set(plain.grads)
   for key, want in plain.grads.items():

@@ -1,6 +1,7 @@
 """recompute_layers: the same training step (gradients, loss, one k-means EMA update) with each
 block's activations recomputed in the backward pass, also under XLA (jit_scope)."""
 import contextlib
+import re
 
 import numpy as np
 import pytest
@@ -66,6 +67,9 @@ def _consumers_of(graph, suffix):
 CASES = [
     ("encoder_decoder", False, dict(num_encoder_layers=1)),
     ("separate_keys_no_ema_xla", True, dict(share_qk=False, ema=False)),
+    # pre-norm (no postprocess tail) and a T2T norm (the whole block, postprocess included)
+    ("pre_norm", False, dict(layer_preprocess_sequence="n", layer_postprocess_sequence="da")),
+    ("t2t_l2_norm", False, dict(norm_type="l2")),
 ]
 
 
@@ -111,3 +115,45 @@ def test_recompute_is_off_by_default_and_ignored_outside_training(rng):
   with tf.Graph().as_default():
     build(tiny_hparams(recompute_layers=True, relu_dropout=0.1),
           tf.estimator.ModeKeys.EVAL, {"targets": random_targets(rng, length=LENGTH)})
+
+
+def test_residual_split():
+  assert model_lib.residual_split("dan") == ("da", "n")  # post-norm: the norm starts the next unit
+  assert model_lib.residual_split("da") == ("da", "")
+  assert model_lib.residual_split("none") == ("", "")
+  assert model_lib.residual_split("n") == ("n", "")  # no residual
+  assert model_lib.residual_split("nda") == ("nda", "")  # normalises before the residual
+  assert model_lib.residual_split("zdn") == ("z", "dn")
+
+
+def test_replay_stops_before_the_w3_product_and_the_post_norm(rng):
+  """The recomputed block is cut at its FFN's residual sum: the backward pass re-runs x W1 and
+  x W2 but not the W3 product (nor the post-norm after it), which no gradient reads."""
+  graph = tf.Graph()
+  with graph.as_default():
+    _, losses = build(tiny_hparams(recompute_layers=True), TRAIN,
+                      {"targets": random_targets(rng, length=LENGTH)})
+    loss = losses["training"] + losses["extra_loss"]
+    grads = tf1.gradients(loss, tf1.trainable_variables())
+    with tf1.Session() as sess:
+      sess.run(tf1.global_variables_initializer())
+      metadata = tf1.RunMetadata()
+      sess.run(grads, options=tf1.RunOptions(trace_level=tf1.RunOptions.FULL_TRACE),
+               run_metadata=metadata)
+  ran = {node.node_name for dev in metadata.step_stats.dev_stats for node in dev.node_stats}
+  # the replay's own forward ops: .../IdentityN_grad/self_attention/recompute/<op>, once nested
+  replay = re.compile(r"^gradients/[^/]+/body/decoder_layer_\d/self_attention/IdentityN_grad/"
+                      r"self_attention/recompute/(.*)$")
+  ops = {op.name: replay.match(op.name).group(1) for op in graph.get_operations()
+         if replay.match(op.name) and "IdentityN_grad" not in replay.match(op.name).group(1)}
+  w1 = [name for name, rest in ops.items() if re.match(r"ffn/weight1(_\d+)?/Tensordot/MatMul$",
+                                                        rest)]
+  w3 = [name for name, rest in ops.items() if re.match(r"ffn/MatMul(_\d+)?$", rest)]
+  assert len(w1) == 2 and set(w1) <= ran  # each block's replay ran x W1
+  assert len(w3) == 2 and not set(w3) & ran  # its W3 product is in the graph but does not run
+  # Nor does the post-norm after it: block 0's replay does not read its variables, block 1's
+  # does (its unit starts with that norm of block 0's residual sum).
+  scale = "decoder_layer_0/self_attention/layer_postprocess_1/layer_norm/layer_norm_scale"
+  reads = [op.name for op in _consumers_of(graph, scale) if op.type == "ReadVariableOp"]
+  assert not [name for name in reads if "decoder_layer_0/self_attention/IdentityN_grad/" in name]
+  assert [name for name in reads if "decoder_layer_1/self_attention/IdentityN_grad/" in name]

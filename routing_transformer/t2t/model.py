@@ -139,22 +139,40 @@ def prepostprocess(previous, x, sequence, hparams, default_name):
   with tf1.variable_scope(None, default_name=default_name):
     if sequence == "none":
       return x
-    for step in sequence:
-      if step == "a":
-        x += previous
-      elif step == "z":
-        x = common_layers.zero_add(previous, x)
-      elif step == "n":
-        with tf1.variable_scope(None, default_name="layer_norm", values=[x]):
-          scale, bias = common_layers.layer_norm_vars(common_layers.shape_list(x)[-1])
-          x = norm.layer_norm(x, scale, bias, hparams.norm_epsilon)
-      else:
-        assert step == "d", "unknown sequence step %s" % step
-        x = common_layers.dropout_with_broadcast_dims(
-            x, 1.0 - hparams.layer_prepostprocess_dropout,
-            broadcast_dims=common_layers.comma_separated_string_to_integer_list(
-                getattr(hparams, "layer_prepostprocess_dropout_broadcast_dims", "")))
-    return x
+    return prepostprocess_steps(previous, x, sequence, hparams)
+
+
+def prepostprocess_steps(previous, x, steps, hparams):
+  """The steps of a T2T pre/postprocess sequence ("a", "z", "d", "n") in the current scope."""
+  for step in steps:
+    if step == "a":
+      x += previous
+    elif step == "z":
+      x = common_layers.zero_add(previous, x)
+    elif step == "n":
+      with tf1.variable_scope(None, default_name="layer_norm", values=[x]):
+        scale, bias = common_layers.layer_norm_vars(common_layers.shape_list(x)[-1])
+        x = norm.layer_norm(x, scale, bias, hparams.norm_epsilon)
+    else:
+      assert step == "d", "unknown sequence step %s" % step
+      x = common_layers.dropout_with_broadcast_dims(
+          x, 1.0 - hparams.layer_prepostprocess_dropout,
+          broadcast_dims=common_layers.comma_separated_string_to_integer_list(
+              getattr(hparams, "layer_prepostprocess_dropout_broadcast_dims", "")))
+  return x
+
+
+def residual_split(sequence):
+  """A postprocess sequence as (head, tail): the head up to its last residual step ("a", "z"),
+  the tail the steps after it (the normalisation of post-norm models: "dan" -> "da", "n"). The
+  whole sequence is the head when it has no residual step or normalises before it; "none" is
+  ("", "")."""
+  if sequence == "none":
+    return "", ""
+  last = max(sequence.rfind("a"), sequence.rfind("z"))
+  if last < 0 or "n" in sequence[:last]:
+    return sequence, ""
+  return sequence[:last + 1], sequence[last + 1:]
 
 
 @registry.register_model
@@ -295,30 +313,41 @@ class RoutingTransformer(t2t_model.T2TModel):
           % " and ".join(random + (["random_routing=False"] if hparams.random_routing else [])))
     losses = []
 
+    def attend(means, replay, found):
+      """The self-attention of a block's forward call (replay=False) or of its replay."""
+      def apply(y, i):
+        out, loss, step = layers.self_attention(
+            y, hparams, i, padding, causal=causal, train=True,
+            read_centroids=lambda km: read_means(means, km, replay))
+        if step is not None and not replay:
+          self._kmeans_steps.setdefault(step.km.means.name, []).append(step)
+        found["loss"] = tf.cast(loss, tf.float32)
+        return out
+      return apply
+
+    def read_means(means, km, replay):
+      if not replay:
+        means[km.means.ref()] = tf.convert_to_tensor(km.means)
+      return means[km.means.ref()]
+
+    def memory_attend(mem):
+      return lambda y, i: layers.encdec_attention(y, mem, hparams, memory_padding)
+
+    wide = x.dtype.base_dtype != tf.float32 and "n" in hparams.layer_postprocess_sequence
+    if hparams.norm_type == "layer" and not wide:
+      return self.recomputed_blocks(x, prefix, num_layers, memory, attend, memory_attend)
+
+    # T2T's norms, or low-precision activations whose post-norm reads a float32 residual sum
+    # (`in_float32`; keeping that sum would double the bytes of a checkpoint): each block whole,
+    # its postprocess included, keeping the block's (low-precision) input.
     def wrap(x, i):
       means = {}  # this block's centroid reads in the forward: variable ref -> tensor
 
-      def read_centroids(km, replay):
-        if not replay:
-          means[km.means.ref()] = tf.convert_to_tensor(km.means)
-        return means[km.means.ref()]
-
       def run(x, *mem, replay=False):
-        found = {}
-
-        def attend(y, i):
-          out, loss, step = layers.self_attention(
-              y, hparams, i, padding, causal=causal, train=True,
-              read_centroids=lambda km: read_centroids(km, replay))
-          if step is not None and not replay:
-            self._kmeans_steps.setdefault(step.km.means.name, []).append(step)
-          found["loss"] = tf.cast(loss, tf.float32)
-          return out
-
-        memory_attend = None if not mem else (
-            lambda y, i: layers.encdec_attention(y, mem[0], hparams, memory_padding))
-        y = self.block(x, i, attend, memory_attend)
-        return y, tf.convert_to_tensor(found["loss"]) + tf.zeros([])
+        found = {"loss": tf.zeros([])}
+        y = self.block(x, i, attend(means, replay, found),
+                       memory_attend(mem[0]) if mem else None)
+        return y, found["loss"] + tf.zeros([])
 
       y, loss = recompute.recompute_block(run, [x] + ([memory] if memory is not None else []),
                                           lambda: means)
@@ -327,6 +356,58 @@ class RoutingTransformer(t2t_model.T2TModel):
 
     x = self.layer_stack(x, prefix, num_layers, None, None, wrap=wrap)
     return x, tf.add_n(losses)
+
+  def recomputed_blocks(self, x, prefix, num_layers, memory, attend, memory_attend):
+    """`recomputed_stack` with the blocks cut at their residual sums: each recomputed unit
+    starts with the postprocess tail of the block before it (the post-norm, `residual_split`)
+    and ends with its FFN's postprocess head (the residual add), and keeps only its input, that
+    sum. The replay then stops where the backward pass stops needing values: at the FFN's x W1,
+    x W2 (its W3 product and the post-norm after it are not re-run; the next unit keeps the sum
+    the norm reads). The same variables, values and gradients as `block`. For norm_type "layer"
+    with float32 sums (float32 activations, or a postprocess without a norm).
+    Returns (x [b, n, hidden], summed commitment losses)."""
+    hparams = self.hparams
+    sequence = hparams.layer_postprocess_sequence
+    head, tail = residual_split(sequence)
+    names = ["self_attention"] + (["encdec_attention"] if memory is not None else []) + ["ffn"]
+    losses, before = [], None  # before: the scope of the last postprocess (its tail's variables)
+
+    def finish(r, scope, replay):
+      """The postprocess tail (in `scope`, where its variables live) of the sum r."""
+      if scope is None or not tail:
+        return r
+      with tf1.variable_scope(scope, reuse=True if replay else None,
+                              auxiliary_name_scope=False), tf.name_scope("post_norm"):
+        return prepostprocess_steps(None, r, tail, hparams)
+
+    def unit(r, *mem, replay, i, means, before, scopes):
+      found = {"loss": tf.zeros([])}
+      for j, name in enumerate(names):
+        x = finish(r, before, replay)
+        if name == "self_attention":
+          apply = attend(means, replay, found)
+        elif name == "encdec_attention":
+          apply = memory_attend(mem[0])
+        else:
+          apply = lambda y, _: layers.ffn(y, hparams, True)
+        with tf1.variable_scope(name):
+          y = apply(self.preprocess(x), i)
+        # the name T2T's default name gives the block's j-th postprocess
+        with tf1.variable_scope("layer_postprocess" + ("_%d" % j if j else "")) as before:
+          scopes.setdefault(j, before)  # the forward's (the replay reuses its variables)
+          r = prepostprocess_steps(x, y, head, hparams) if head else y
+      return r, found["loss"] + tf.zeros([])
+
+    for i in range(num_layers):
+      means, scopes = {}, {}  # the block's centroid reads, postprocess scopes (forward)
+      with tf1.variable_scope("%s_layer_%d" % (prefix, i)), \
+          tf1.variable_scope("self_attention"):
+        run = functools.partial(unit, i=i, means=means, before=before, scopes=scopes)
+        x, loss = recompute.recompute_block(run, [x] + ([memory] if memory is not None else []),
+                                            lambda means=means: means)
+      losses.append(loss)
+      before = scopes[len(names) - 1]
+    return self.preprocess(finish(x, before, False)), tf.add_n(losses)
 
   def output_layer(self, x):
     """The output projection's input and variables: x [b, n, hidden] -> (x [b, n, e] after
