@@ -103,8 +103,8 @@ def sparse_transformer_local():
       reseed_dead_clusters=False,  # re-seed dead centroids from this step's queries
       dead_cluster_check_steps=1000,  # log dead clusters every N steps (0: never)
       skip_corrupt_records=False,  # True: skip corrupt/truncated TFRecords with a warning
-      # Recompute each block's activations in the backward pass (memory: the block inputs plus
-      # one block's activations); the k-means update still happens once per step.
+      # Recompute each block's activations in the backward pass (memory: one residual sum per
+      # block plus one block's activations); the k-means update still happens once per step.
       recompute_layers=False,
       # The local heads keep only q, k, v, the routing heads' cluster attention only its inputs,
       # for the backward pass and recompute the attention there (exact; no attention dropout;
