@@ -20,6 +20,8 @@ refuses recompute_layers with dropout inside the blocks or random_routing.
 """
 import tensorflow as tf
 
+from routing_transformer.core import slicing
+
 tf1 = tf.compat.v1
 
 
@@ -133,13 +135,6 @@ def recompute_function(fn, *tensors):
   return recomputed(*[tensors[i] for i in present])
 
 
-def _slice_axis(x, axis, start, size):
-  """x[..., start:start + size, ...] along `axis` (tf.slice)."""
-  begin, sizes = [0] * x.shape.rank, [-1] * x.shape.rank
-  begin[axis], sizes[axis] = start, size
-  return tf.slice(x, begin, sizes)
-
-
 def recompute_in_groups(fn, grouped, shared, groups, axis=1):
   """concat_i fn(*grouped_i, *shared) along `axis`, where grouped_i holds the i-th of `groups`
   equal slices (along `axis`) of each tensor of `grouped`; fn must act on each slice
@@ -173,7 +168,7 @@ def recompute_in_groups(fn, grouped, shared, groups, axis=1):
   def group_slices(tensors, index, after):
     """Group `index` of each tensor, read once the tensors of `after` exist."""
     with tf.control_dependencies(after):
-      return [_slice_axis(t, axis, index * part, part) for t in tensors]
+      return [slicing.slice_axis(t, axis, index * part, part) for t in tensors]
 
   @tf.custom_gradient
   def recomputed(*args):

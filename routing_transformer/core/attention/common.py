@@ -5,12 +5,14 @@ Shapes use b = batch, h = heads, n = length, d = depth per head.
 import tensorflow as tf
 
 from routing_transformer.core import norm
+from routing_transformer.core import slicing
 
 
 # LayerNorm without scale, routing's normalisation; defined in core/norm.py, which the k-means
 # imports without importing this package.
 layer_norm_no_scale = norm.layer_norm_no_scale
 compute_dtype = norm.compute_dtype
+slice_axis = slicing.slice_axis  # x[..., start:start + size, ...] along an axis, as tf.slice
 
 
 def mask_value(dtype):
@@ -182,16 +184,6 @@ def _lead_dims(x, trailing):
   dynamic = tf.shape(x)
   return [d if d is not None else dynamic[i]
           for i, d in enumerate(x.shape.as_list()[:x.shape.rank - trailing])]
-
-
-def slice_axis(x, axis, start, size):
-  """x[..., start:start + size, ...] along `axis` as tf.slice: its gradient is one Pad, where a
-  strided slice's (StridedSliceGrad) is several times slower on CPU for large tensors."""
-  rank = x.shape.rank
-  axis %= rank
-  begin, sizes = [0] * rank, [-1] * rank
-  begin[axis], sizes[axis] = start, size
-  return tf.slice(x, begin, sizes)
 
 
 def _check_span(what, u, keys, queries):
