@@ -157,3 +157,39 @@ def test_replay_stops_before_the_w3_product_and_the_post_norm(rng):
   reads = [op.name for op in _consumers_of(graph, scale) if op.type == "ReadVariableOp"]
   assert not [name for name in reads if "decoder_layer_0/self_attention/IdentityN_grad/" in name]
   assert [name for name in reads if "decoder_layer_1/self_attention/IdentityN_grad/" in name]
+
+
+def _ran(hparams, rng):
+  """(graph, names of the ops one training step's gradients ran)."""
+  graph = tf.Graph()
+  with graph.as_default():
+    _, losses = build(hparams, TRAIN, {"targets": random_targets(rng, length=LENGTH)})
+    grads = tf1.gradients(losses["training"] + losses["extra_loss"], tf1.trainable_variables())
+    with tf1.Session() as sess:
+      sess.run(tf1.global_variables_initializer())
+      metadata = tf1.RunMetadata()
+      sess.run(grads, options=tf1.RunOptions(trace_level=tf1.RunOptions.FULL_TRACE),
+               run_metadata=metadata)
+  return graph, {node.node_name for dev in metadata.step_stats.dev_stats
+                 for node in dev.node_stats}
+
+
+@pytest.mark.parametrize("attention", [False, True], ids=["kept", "recomputed"])
+def test_replay_runs_the_attention_only_where_needed(rng, attention):
+  """recompute_layers: a block's replay runs the attention's forward pass (local einsums,
+  routing cluster matmuls) only when the attention keeps what its backward pass reads. With
+  recompute_attention the heads are a unit of their own whose output the block keeps: neither
+  replay runs the attention, which runs once more only inside its own recomputation."""
+  graph, ran = _ran(tiny_hparams(recompute_layers=True, recompute_attention=attention), rng)
+  # [b, h, blocks or clusters, queries, keys or depth] products (not the k-means scores)
+  attention_ops = [op.name for op in graph.get_operations()
+                   if op.type in ("Einsum", "BatchMatMulV2") and op.inputs[0].shape.rank == 5]
+  # ops of a replay's own forward pass: .../recompute/self_attention/<op>, not inside the
+  # recomputation of a recompute_attention function (.../IdentityN_<k>_grad/recompute/...)
+  replayed = [name for name in attention_ops if re.search(
+      r"_grad/self_attention/recompute/self_attention/(?!IdentityN)", name) and
+              "/gradients/" not in name.split("/recompute/self_attention/")[-1]]
+  recomputed = [name for name in attention_ops
+                if re.search(r"IdentityN_\d+_grad/recompute/", name)]
+  assert bool(set(replayed) & ran) == (not attention)
+  assert bool(set(recomputed) & ran) == attention

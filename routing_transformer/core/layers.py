@@ -196,7 +196,7 @@ def attention_dropout_rate(hparams, train):
 
 
 def self_attention(x, hparams, layer_index, padding=None, causal=True, train=False,
-                   read_centroids=None, cache=None, position=None):
+                   read_centroids=None, cache=None, position=None, heads_only=False):
   """Multi-head self-attention mixing local and routing heads, over whole sequences or (with
   `cache`) one cached causal decoding step.
 
@@ -213,6 +213,8 @@ def self_attention(x, hparams, layer_index, padding=None, causal=True, train=Fal
     cache: None for whole sequences; when decoding, the layer's caches from
       `self_attention_cache`, updated in place (as T2T's multihead_attention updates its cache).
     position: int32 scalar t of the decoding step (with `cache`).
+    heads_only: return the heads' output [b, h, n, d] before `attention_output` (head_dense,
+      output_transform), which the caller applies in the same variable scope.
   Returns:
     (y [b, n, hidden], k-means loss (scalar, 0 without routing heads or with `cache`),
     kmeans.KMeansStep or None).
@@ -239,7 +241,7 @@ def self_attention(x, hparams, layer_index, padding=None, causal=True, train=Fal
       statistics = routing.routing_statistics(aux["member_count"], aux["self_weight"],
                                               aux["weights"])
       step = kmeans.KMeansStep(km, x_hats, clusters, aux["weights"], statistics)
-  return attention_output(out, hparams), loss, step
+  return (out if heads_only else attention_output(out, hparams)), loss, step
 
 
 def self_attention_cache(hparams, layer_index, batch, length, dtype=tf.float32):

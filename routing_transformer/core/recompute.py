@@ -56,8 +56,11 @@ def recompute_block(fn, inputs, substitutes=None):
       # tf.gradients reads a None grad_ys as ones: an output without gradient gets zeros.
       dy = tf.zeros_like(y) if dy is None else dy
       dloss = tf.zeros_like(loss) if dloss is None else dloss
-      with tf.control_dependencies([dy, dloss]):  # re-run only once the gradient got here
-        replay_inputs = [tf.identity(t) for t in args]
+      # Re-run only once the gradient got here, from inputs the gradients stop at: a variable fn
+      # reads may also lie upstream of an input (another unit's output, whose own custom
+      # gradient accounts for it), and tf.gradients would follow that path too.
+      with tf.control_dependencies([dy, dloss]):
+        replay_inputs = [tf.stop_gradient(t) for t in args]
       with tf1.variable_scope(scope, reuse=True), tf.name_scope("recompute"):
         y2, loss2 = fn(*replay_inputs, replay=True)
       variables = list(variables or [])

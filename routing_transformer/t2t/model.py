@@ -313,12 +313,12 @@ class RoutingTransformer(t2t_model.T2TModel):
           % " and ".join(random + (["random_routing=False"] if hparams.random_routing else [])))
     losses = []
 
-    def attend(means, replay, found):
+    def attend(means, replay, found, heads_only=False):
       """The self-attention of a block's forward call (replay=False) or of its replay."""
       def apply(y, i):
         out, loss, step = layers.self_attention(
             y, hparams, i, padding, causal=causal, train=True,
-            read_centroids=lambda km: read_means(means, km, replay))
+            read_centroids=lambda km: read_means(means, km, replay), heads_only=heads_only)
         if step is not None and not replay:
           self._kmeans_steps.setdefault(step.km.means.name, []).append(step)
         found["loss"] = tf.cast(loss, tf.float32)
@@ -363,8 +363,12 @@ class RoutingTransformer(t2t_model.T2TModel):
     and ends with its FFN's postprocess head (the residual add), and keeps only its input, that
     sum. The replay then stops where the backward pass stops needing values: at the FFN's x W1,
     x W2 (its W3 product and the post-norm after it are not re-run; the next unit keeps the sum
-    the norm reads). The same variables, values and gradients as `block`. For norm_type "layer"
-    with float32 sums (float32 activations, or a postprocess without a norm).
+    the norm reads). With recompute_attention, whose backward pass re-runs the attention from q,
+    k, v anyway, the self-attention's heads are a unit of their own, from the sum to the heads'
+    output [b, h, n, d] (before head_dense and output_transform), which the block's unit keeps as
+    its second input: neither replay then runs the attention (one more [b, n, hidden] kept per
+    block). The same variables, values and gradients as `block`. For norm_type "layer" with
+    float32 sums (float32 activations, or a postprocess without a norm).
     Returns (x [b, n, hidden], summed commitment losses)."""
     hparams = self.hparams
     sequence = hparams.layer_postprocess_sequence
@@ -373,25 +377,38 @@ class RoutingTransformer(t2t_model.T2TModel):
     losses, before = [], None  # before: the scope of the last postprocess (its tail's variables)
 
     def finish(r, scope, replay):
-      """The postprocess tail (in `scope`, where its variables live) of the sum r."""
+      """The postprocess tail (in `scope`, where its variables live) of the sum r; with split,
+      both of a block's units normalise the same sum (the second reuses the variables)."""
       if scope is None or not tail:
         return r
-      with tf1.variable_scope(scope, reuse=True if replay else None,
+      with tf1.variable_scope(scope, reuse=True if replay else tf1.AUTO_REUSE,
                               auxiliary_name_scope=False), tf.name_scope("post_norm"):
         return prepostprocess_steps(None, r, tail, hparams)
 
-    def unit(r, *mem, replay, i, means, before, scopes):
+    split = bool(hparams.get("recompute_attention", False))
+
+    def heads_unit(r, replay, i, means, before):
+      """The sum r -> the self-attention heads' output (split)."""
       found = {"loss": tf.zeros([])}
+      with tf1.variable_scope("self_attention"):
+        out = attend(means, replay, found, heads_only=True)(
+            self.preprocess(finish(r, before, replay)), i)
+      return out, found["loss"] + tf.zeros([])
+
+    def unit(r, *rest, replay, i, means, before, scopes):
+      found = {"loss": tf.zeros([])}
+      heads, mem = (rest[0], rest[1:]) if split else (None, rest)
       for j, name in enumerate(names):
         x = finish(r, before, replay)
-        if name == "self_attention":
-          apply = attend(means, replay, found)
-        elif name == "encdec_attention":
-          apply = memory_attend(mem[0])
-        else:
-          apply = lambda y, _: layers.ffn(y, hparams, True)
         with tf1.variable_scope(name):
-          y = apply(self.preprocess(x), i)
+          if name == "self_attention" and split:
+            y = layers.attention_output(heads, hparams)
+          elif name == "self_attention":
+            y = attend(means, replay, found)(self.preprocess(x), i)
+          elif name == "encdec_attention":
+            y = memory_attend(mem[0])(self.preprocess(x), i)
+          else:
+            y = layers.ffn(self.preprocess(x), hparams, True)
         # the name T2T's default name gives the block's j-th postprocess
         with tf1.variable_scope("layer_postprocess" + ("_%d" % j if j else "")) as before:
           scopes.setdefault(j, before)  # the forward's (the replay reuses its variables)
@@ -402,9 +419,16 @@ class RoutingTransformer(t2t_model.T2TModel):
       means, scopes = {}, {}  # the block's centroid reads, postprocess scopes (forward)
       with tf1.variable_scope("%s_layer_%d" % (prefix, i)), \
           tf1.variable_scope("self_attention"):
+        heads = []
+        if split:
+          out, loss = recompute.recompute_block(
+              functools.partial(heads_unit, i=i, means=means, before=before), [x],
+              lambda means=means: means)
+          heads = [out]
+          losses.append(loss)
         run = functools.partial(unit, i=i, means=means, before=before, scopes=scopes)
-        x, loss = recompute.recompute_block(run, [x] + ([memory] if memory is not None else []),
-                                            lambda means=means: means)
+        x, loss = recompute.recompute_block(
+            run, [x] + heads + ([memory] if memory is not None else []), lambda means=means: means)
       losses.append(loss)
       before = scopes[len(names) - 1]
     return self.preprocess(finish(x, before, False)), tf.add_n(losses)
