@@ -18,7 +18,8 @@ the same intra-op thread count (--threads, default: all cores):
   routing_recompute_chunked; routing_recompute: recompute_layers=True; routing_chunked:
   logits_chunk_size=1024; routing_recompute_chunked: both; routing_norel:
   max_relative_position=0; routing_attention_recompute: recompute_attention=True;
-  routing_recompute_chunked_attention: all three; local: 8 local heads; *_bf16:
+  routing_recompute_chunked_attention: all three; routing_recompute_chunked_attention_keep: and
+  recompute_keep_heads=True; local: 8 local heads; *_bf16:
   activation_dtype=bfloat16, slow without AVX512_BF16).
 
 Every configuration runs in its own process (ours in this venv, the peer in its venv), and each
@@ -85,6 +86,10 @@ OURS = {  # name -> (train_step.py model, hparams overrides)
     "routing_recompute_chunked_attention": ("routing", {"recompute_layers": True,
                                                         "logits_chunk_size": LOGITS_CHUNK,
                                                         "recompute_attention": True}),
+    "routing_recompute_chunked_attention_keep": ("routing", {"recompute_layers": True,
+                                                             "logits_chunk_size": LOGITS_CHUNK,
+                                                             "recompute_attention": True,
+                                                             "recompute_keep_heads": True}),
     "local": ("local", {}),
     "routing_bf16": ("routing", {"activation_dtype": "bfloat16"}),
     "routing_recompute_chunked_bf16": ("routing", {"recompute_layers": True,

@@ -110,6 +110,9 @@ def sparse_transformer_local():
       # for the backward pass and recompute the attention there (exact; no attention dropout;
       # not causal_window); off in every set.
       recompute_attention=False,
+      # With recompute_layers and recompute_attention: keep each block's heads' output too (one
+      # more [batch, length, hidden] per block), so the replays skip the attention's forward.
+      recompute_keep_heads=False,
       # Training loss from the output projection this many positions at a time, recomputed in
       # the backward pass (never the whole [batch, length, vocab] logits); 0: off.
       logits_chunk_size=0,

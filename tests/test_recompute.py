@@ -174,13 +174,17 @@ def _ran(hparams, rng):
                  for node in dev.node_stats}
 
 
-@pytest.mark.parametrize("attention", [False, True], ids=["kept", "recomputed"])
-def test_replay_runs_the_attention_only_where_needed(rng, attention):
+@pytest.mark.parametrize("attention,keep_heads", [(False, False), (True, False), (True, True)],
+                         ids=["kept", "recomputed", "recomputed_keep_heads"])
+def test_replay_runs_the_attention_only_where_needed(rng, attention, keep_heads):
   """recompute_layers: a block's replay runs the attention's forward pass (local einsums,
-  routing cluster matmuls) only when the attention keeps what its backward pass reads. With
-  recompute_attention the heads are a unit of their own whose output the block keeps: neither
-  replay runs the attention, which runs once more only inside its own recomputation."""
-  graph, ran = _ran(tiny_hparams(recompute_layers=True, recompute_attention=attention), rng)
+  routing cluster matmuls), for what the attention's backward pass reads (without
+  recompute_attention) or for the heads' output (head_dense and output_transform read it for
+  their kernels' gradients). With recompute_attention and recompute_keep_heads the heads are a
+  unit of their own whose output the block keeps: no replay runs the attention, which runs once
+  more only inside its own recomputation."""
+  graph, ran = _ran(tiny_hparams(recompute_layers=True, recompute_attention=attention,
+                                 recompute_keep_heads=keep_heads), rng)
   # [b, h, blocks or clusters, queries, keys or depth] products (not the k-means scores)
   attention_ops = [op.name for op in graph.get_operations()
                    if op.type in ("Einsum", "BatchMatMulV2") and op.inputs[0].shape.rank == 5]
@@ -191,5 +195,5 @@ def test_replay_runs_the_attention_only_where_needed(rng, attention):
               "/gradients/" not in name.split("/recompute/self_attention/")[-1]]
   recomputed = [name for name in attention_ops
                 if re.search(r"IdentityN_\d+_grad/recompute/", name)]
-  assert bool(set(replayed) & ran) == (not attention)
+  assert bool(set(replayed) & ran) == (not keep_heads)
   assert bool(set(recomputed) & ran) == attention

@@ -364,10 +364,10 @@ class RoutingTransformer(t2t_model.T2TModel):
     sum. The replay then stops where the backward pass stops needing values: at the FFN's x W1,
     x W2 (its W3 product and the post-norm after it are not re-run; the next unit keeps the sum
     the norm reads). With recompute_attention, whose backward pass re-runs the attention from q,
-    k, v anyway, the self-attention's heads are a unit of their own, from the sum to the heads'
-    output [b, h, n, d] (before head_dense and output_transform), which the block's unit keeps as
-    its second input: neither replay then runs the attention (one more [b, n, hidden] kept per
-    block). The same variables, values and gradients as `block`. For norm_type "layer" with
+    k, v anyway, and recompute_keep_heads, the self-attention's heads are a unit of their own,
+    from the sum to the heads' output [b, h, n, d] (before head_dense and output_transform),
+    which the block's unit keeps as its second input: neither replay then runs the attention
+    (one more [b, n, hidden] kept per block). The same variables, values and gradients as `block`. For norm_type "layer" with
     float32 sums (float32 activations, or a postprocess without a norm).
     Returns (x [b, n, hidden], summed commitment losses)."""
     hparams = self.hparams
@@ -385,7 +385,8 @@ class RoutingTransformer(t2t_model.T2TModel):
                               auxiliary_name_scope=False), tf.name_scope("post_norm"):
         return prepostprocess_steps(None, r, tail, hparams)
 
-    split = bool(hparams.get("recompute_attention", False))
+    split = bool(hparams.get("recompute_attention", False) and
+                 hparams.get("recompute_keep_heads", False))
 
     def heads_unit(r, replay, i, means, before):
       """The sum r -> the self-attention heads' output (split)."""
