@@ -363,10 +363,10 @@ def test_float32_softmax_of_bfloat16_logits(rng):
 def test_recompute_layers_gives_the_same_bfloat16_step(rng, norms):
   """recompute_layers re-runs each block's bfloat16 ops on the same inputs (post-norm: the whole
   block; pre-norm: cut at the bfloat16 residual sums): the same loss and k-means loss bit for
-  bit. The re-run's backward pass adds the same gradient terms in another
-  order, and in bfloat16 each partial sum is rounded by up to u = 2^-8 (TF's threaded bfloat16
-  reductions do not even fix the order from run to run; the same check in float32 differs by
-  4e-7 of the largest entry): every gradient within 8u of its norm (measured up to 4.6u, the
+  bit. The re-run's backward pass adds the same gradient terms in another order, and in
+  bfloat16 each partial sum is rounded by up to u = 2^-8 (TF's threaded bfloat16 reductions do
+  not even fix the order from run to run; the same check in float32 differs by 4e-7 of the
+  largest entry): every gradient within 8u of its norm (measured up to 4.6u, the
   embedding dense bias, a sum over all positions) and in the same direction (cosine > 0.999,
   measured >= 0.99984)."""
   features = features_of(rng)

@@ -126,21 +126,25 @@ def test_residual_split():
   assert model_lib.residual_split("zdn") == ("z", "dn")
 
 
-def test_replay_stops_before_the_w3_product_and_the_post_norm(rng):
-  """The recomputed block is cut at its FFN's residual sum: the backward pass re-runs x W1 and
-  x W2 but not the W3 product (nor the post-norm after it), which no gradient reads."""
+def _ran(hparams, rng):
+  """(graph, names of the ops one training step's gradients ran)."""
   graph = tf.Graph()
   with graph.as_default():
-    _, losses = build(tiny_hparams(recompute_layers=True), TRAIN,
-                      {"targets": random_targets(rng, length=LENGTH)})
-    loss = losses["training"] + losses["extra_loss"]
-    grads = tf1.gradients(loss, tf1.trainable_variables())
+    _, losses = build(hparams, TRAIN, {"targets": random_targets(rng, length=LENGTH)})
+    grads = tf1.gradients(losses["training"] + losses["extra_loss"], tf1.trainable_variables())
     with tf1.Session() as sess:
       sess.run(tf1.global_variables_initializer())
       metadata = tf1.RunMetadata()
       sess.run(grads, options=tf1.RunOptions(trace_level=tf1.RunOptions.FULL_TRACE),
                run_metadata=metadata)
-  ran = {node.node_name for dev in metadata.step_stats.dev_stats for node in dev.node_stats}
+  return graph, {node.node_name for dev in metadata.step_stats.dev_stats
+                 for node in dev.node_stats}
+
+
+def test_replay_stops_before_the_w3_product_and_the_post_norm(rng):
+  """The recomputed block is cut at its FFN's residual sum: the backward pass re-runs x W1 and
+  x W2 but not the W3 product (nor the post-norm after it), which no gradient reads."""
+  graph, ran = _ran(tiny_hparams(recompute_layers=True), rng)
   # the replay's own forward ops: .../IdentityN_grad/self_attention/recompute/<op>, once nested
   replay = re.compile(r"^gradients/[^/]+/body/decoder_layer_\d/self_attention/IdentityN_grad/"
                       r"self_attention/recompute/(.*)$")
@@ -157,21 +161,6 @@ def test_replay_stops_before_the_w3_product_and_the_post_norm(rng):
   reads = [op.name for op in _consumers_of(graph, scale) if op.type == "ReadVariableOp"]
   assert not [name for name in reads if "decoder_layer_0/self_attention/IdentityN_grad/" in name]
   assert [name for name in reads if "decoder_layer_1/self_attention/IdentityN_grad/" in name]
-
-
-def _ran(hparams, rng):
-  """(graph, names of the ops one training step's gradients ran)."""
-  graph = tf.Graph()
-  with graph.as_default():
-    _, losses = build(hparams, TRAIN, {"targets": random_targets(rng, length=LENGTH)})
-    grads = tf1.gradients(losses["training"] + losses["extra_loss"], tf1.trainable_variables())
-    with tf1.Session() as sess:
-      sess.run(tf1.global_variables_initializer())
-      metadata = tf1.RunMetadata()
-      sess.run(grads, options=tf1.RunOptions(trace_level=tf1.RunOptions.FULL_TRACE),
-               run_metadata=metadata)
-  return graph, {node.node_name for dev in metadata.step_stats.dev_stats
-                 for node in dev.node_stats}
 
 
 @pytest.mark.parametrize("attention,keep_heads", [(False, False), (True, False), (True, True)],

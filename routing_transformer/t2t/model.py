@@ -347,7 +347,7 @@ class RoutingTransformer(t2t_model.T2TModel):
         found = {"loss": tf.zeros([])}
         y = self.block(x, i, attend(means, replay, found),
                        memory_attend(mem[0]) if mem else None)
-        return y, found["loss"] + tf.zeros([])
+        return y, found["loss"]
 
       y, loss = recompute.recompute_block(run, [x] + ([memory] if memory is not None else []),
                                           lambda: means)
@@ -367,8 +367,9 @@ class RoutingTransformer(t2t_model.T2TModel):
     k, v anyway, and recompute_keep_heads, the self-attention's heads are a unit of their own,
     from the sum to the heads' output [b, h, n, d] (before head_dense and output_transform),
     which the block's unit keeps as its second input: neither replay then runs the attention
-    (one more [b, n, hidden] kept per block). The same variables, values and gradients as `block`. For norm_type "layer" with
-    float32 sums (float32 activations, or a postprocess without a norm).
+    (one more [b, n, hidden] kept per block). The same variables, values and gradients as
+    `block`. For norm_type "layer" with float32 sums (float32 activations, or a postprocess
+    without a norm).
     Returns (x [b, n, hidden], summed commitment losses)."""
     hparams = self.hparams
     sequence = hparams.layer_postprocess_sequence
@@ -394,7 +395,7 @@ class RoutingTransformer(t2t_model.T2TModel):
       with tf1.variable_scope("self_attention"):
         out = attend(means, replay, found, heads_only=True)(
             self.preprocess(finish(r, before, replay)), i)
-      return out, found["loss"] + tf.zeros([])
+      return out, found["loss"]
 
     def unit(r, *rest, replay, i, means, before, scopes):
       found = {"loss": tf.zeros([])}
@@ -411,10 +412,11 @@ class RoutingTransformer(t2t_model.T2TModel):
           else:
             y = layers.ffn(self.preprocess(x), hparams, True)
         # the name T2T's default name gives the block's j-th postprocess
-        with tf1.variable_scope("layer_postprocess" + ("_%d" % j if j else "")) as before:
-          scopes.setdefault(j, before)  # the forward's (the replay reuses its variables)
+        with tf1.variable_scope("layer_postprocess" + ("_%d" % j if j else "")) as scope:
+          scopes.setdefault(j, scope)  # the forward's (the replay reuses its variables)
           r = prepostprocess_steps(x, y, head, hparams) if head else y
-      return r, found["loss"] + tf.zeros([])
+        before = scope  # the next sublayer starts with this postprocess's tail
+      return r, found["loss"]
 
     for i in range(num_layers):
       means, scopes = {}, {}  # the block's centroid reads, postprocess scopes (forward)
