@@ -142,9 +142,11 @@ def _ran(hparams, rng):
 
 
 def test_replay_stops_before_the_w3_product_and_the_post_norm(rng):
-  """The recomputed block is cut at its FFN's residual sum: the backward pass re-runs x W1 and
-  x W2 but not the W3 product (nor the post-norm after it), which no gradient reads."""
-  graph, ran = _ran(tiny_hparams(recompute_layers=True), rng)
+  """The recomputed block is cut at its FFN's residual sum, whose gradient reads no values: the
+  backward pass re-runs neither the W3 product (nor the post-norm after it) nor the whole x W1
+  and x W2, which the FFN's backward chunks compute from their rows of x instead."""
+  hparams = tiny_hparams(recompute_layers=True)
+  graph, ran = _ran(hparams, rng)
   # the replay's own forward ops: .../IdentityN_grad/self_attention/recompute/<op>, once nested
   replay = re.compile(r"^gradients/[^/]+/body/decoder_layer_\d/self_attention/IdentityN_grad/"
                       r"self_attention/recompute/(.*)$")
@@ -153,8 +155,14 @@ def test_replay_stops_before_the_w3_product_and_the_post_norm(rng):
   w1 = [name for name, rest in ops.items() if re.match(r"ffn/weight1(_\d+)?/Tensordot/MatMul$",
                                                         rest)]
   w3 = [name for name, rest in ops.items() if re.match(r"ffn/MatMul(_\d+)?$", rest)]
-  assert len(w1) == 2 and set(w1) <= ran  # each block's replay ran x W1
-  assert len(w3) == 2 and not set(w3) & ran  # its W3 product is in the graph but does not run
+  assert len(w1) == 2 and not set(w1) & ran  # in the graph, not run
+  assert len(w3) == 2 and not set(w3) & ran
+  # the FFN's backward chunks: x_c W1 and x_c W2, [rows, hidden] x [hidden, filter] products
+  chunks = [op for op in graph.get_operations() if op.type == "MatMul"
+            and re.search(r"/recompute/ffn/IdentityN_grad/MatMul(_\d+)?$", op.name)
+            and not op.get_attr("transpose_a") and not op.get_attr("transpose_b")
+            and op.inputs[1].shape.as_list() == [hparams.hidden_size, hparams.filter_size]]
+  assert len(chunks) == 2 * 2 and {op.name for op in chunks} <= ran
   # Nor does the post-norm after it: block 0's replay does not read its variables, block 1's
   # does (its unit starts with that norm of block 0's residual sum).
   scale = "decoder_layer_0/self_attention/layer_postprocess_1/layer_norm/layer_norm_scale"

@@ -139,7 +139,7 @@ def test_geglu_activation_gradient_equals_the_plain_gradient(rng):
     np.testing.assert_allclose(got, want, rtol=1e-12)
 
 
-def geglu_graph(rng, dtype, chunk_rows, plain=False, chunk_forward=False):
+def geglu_graph(rng, dtype, chunk_rows, plain=False, chunk_forward=False, keep_products=True):
   """(y, gradients of sum(y * cotangent) w.r.t. x and the three kernels, graph) of
   layers.geglu_ffn over chunks of `chunk_rows` positions (or, plain=True, of plain_geglu) on
   random x [2, 5, 8] and kernels (filter 24) in a new graph."""
@@ -150,7 +150,8 @@ def geglu_graph(rng, dtype, chunk_rows, plain=False, chunk_forward=False):
                for shape in ((8, 24), (8, 24), (24, 8))]
     cotangent = tf.constant(rng.standard_normal((2, 5, 8)), dtype)
     y = (plain_geglu(x, *kernels) if plain else
-         layers.geglu_ffn(x, *kernels, chunk_rows=chunk_rows, chunk_forward=chunk_forward))
+         layers.geglu_ffn(x, *kernels, chunk_rows=chunk_rows, chunk_forward=chunk_forward,
+                          keep_products=keep_products))
     grads = tf1.gradients(tf.reduce_sum(y * cotangent), [x] + kernels)
     values = run_graph([y, grads])
   return values, graph
@@ -171,6 +172,33 @@ def test_geglu_chunked_backward_equals_the_plain_gradient(dtype, rtol, chunk_row
   for got, want, name in zip(grads, grads_plain, ["x", "weight1", "weight2", "weight3"]):
     assert np.abs(want).max() > 0, name
     np.testing.assert_allclose(got, want, rtol=rtol, atol=rtol * np.abs(want).max(), err_msg=name)
+
+
+@pytest.mark.parametrize("dtype,rtol,chunk_rows", [
+    (tf.float64, 1e-12, 3), (tf.float64, 1e-12, 64), (tf.float32, 1e-5, 4)])
+def test_geglu_backward_without_kept_products_equals_the_plain_gradient(dtype, rtol, chunk_rows):
+  """keep_products=False: the backward pass keeps only x of the forward's tensors (no gradient
+  op reads x W1 or x W2 of the forward) and each chunk computes its rows of them; the output is
+  the plain ops', the gradients equal the plain ones."""
+  (y, grads), graph = geglu_graph(np.random.default_rng(7), dtype, chunk_rows,
+                                  keep_products=False)
+  (y_plain, grads_plain), _ = geglu_graph(np.random.default_rng(7), dtype, chunk_rows,
+                                          plain=True)
+  np.testing.assert_array_equal(y, y_plain)
+  for got, want, name in zip(grads, grads_plain, ["x", "weight1", "weight2", "weight3"]):
+    assert np.abs(want).max() > 0, name
+    np.testing.assert_allclose(got, want, rtol=rtol, atol=rtol * np.abs(want).max(), err_msg=name)
+  _, kept = geglu_graph(np.random.default_rng(7), dtype, chunk_rows)
+  assert not forward_products_read_backward(graph)
+  assert forward_products_read_backward(kept)  # the default keeps a and b
+
+
+def forward_products_read_backward(graph):
+  """Gradient ops reading a forward tensor of [positions, filter 24] (the kernels apart)."""
+  return [op.name for forward in graph.get_operations() if not forward.name.startswith(
+      "gradients") and forward.type != "Const" for t in forward.outputs
+          if t.shape.rank and t.shape[-1] == 24 and t.shape.as_list() != [8, 24]
+          for op in t.consumers() if op.name.startswith("gradients")]
 
 
 def wide_backward_tensors(graph, filters, most_rows):
@@ -978,8 +1006,9 @@ def test_recompute_attention_refuses_dropout():
 
 def test_recompute_attention_runs_head_groups_one_after_another():
   """4 local heads in 2 groups: the second group's slices of q, k, v wait for the first group's
-  output in the forward pass, and for its gradients in the backward pass (whose first group
-  waits for the incoming gradient), so one group's weights are alive at a time."""
+  output in the forward pass, and its slices of q, k, v and of the output's gradient wait for
+  the first group's gradients in the backward pass (whose first group waits for the incoming
+  gradient), so one group's weights and their gradients are alive at a time."""
   assert [heads.head_groups(h) for h in (1, 2, 3, 4, 6)] == [1, 1, 3, 2, 3]
   graph = tf.Graph()
   with graph.as_default():
@@ -988,11 +1017,52 @@ def test_recompute_attention_runs_head_groups_one_after_another():
             and op.inputs[0].shape.as_list() == [2, 4, 32, 4]]
   forward = [op for op in slices if not op.name.startswith("gradients")]
   backward = [op for op in slices if op.name.startswith("gradients")]
-  assert len(forward) == len(backward) == 2 * 3  # 2 groups x (q, k, v)
+  assert len(forward) == 2 * 3 and len(backward) == 2 * 4  # 2 groups x (q, k, v (, dy))
   assert [waits(op) for op in forward] == [False] * 3 + [True] * 3
-  assert all(waits(op) for op in backward[3:])
+  assert [waits(op) for op in backward] == [False] * 4 + [True] * 4
   assert all(op.inputs[0].op.type == "Identity" and op.inputs[0].op.control_inputs
-             for op in backward[:3])  # the re-run's inputs wait for the incoming gradient
+             for op in backward[1:4])  # the re-run's inputs wait for the incoming gradient
+
+
+def test_recompute_in_groups_after_orders_another_recomputation():
+  """`after`: the groups wait for a recompute_function's output in the forward pass, and that
+  function's re-run waits for the groups' gradients in the backward pass (the heads of both
+  kinds of a layer are re-run one kind after the other); the values and gradients are those
+  of the plain functions."""
+  arrays = np.random.default_rng(9).normal(size=(4, 1, 4, 6, 3))
+
+  def first(t):
+    return tf.tanh(t) * 3.0
+
+  def second(t):
+    return tf.sin(t) * t
+
+  def step(recomputed):
+    x, a, dz, dy = (tf.constant(t) for t in arrays)
+    if not recomputed:
+      z, y = first(x), second(a)
+    else:
+      with tf.name_scope("first"):
+        z = recompute.recompute_function(first, x)
+      y = recompute.recompute_in_groups(second, [a], [], groups=2, after=[z])
+    return [z, y] + tf1.gradients([z, y], [x, a], [dz, dy])
+
+  graph = tf.Graph()
+  with graph.as_default():
+    outputs = step(True)
+    ops = graph.get_operations()
+    first_forward = [op for op in ops if op.name.startswith("first/") and op.type == "Tanh"]
+    first_replay = [op for op in ops if "recompute" in op.name and op.type == "Tanh"]
+    second_forward = [op for op in ops if op.type == "Sin" and "gradients" not in op.name]
+    second_grads = [op for op in ops if op.type == "Cos"]  # sin's gradient, one per group
+    assert len(first_replay) == 1 and len(second_forward) == len(second_grads) == 2
+    assert {op.name for op in first_forward} <= ancestors(second_forward[0])
+    assert {op.name for op in second_grads} <= ancestors(first_replay[0])
+    values = tf1.Session().run(outputs)
+  with tf.Graph().as_default():
+    expected = tf1.Session().run(step(False))
+  for got, want in zip(values, expected):
+    np.testing.assert_allclose(got, want, rtol=1e-12)
 
 
 def test_recompute_in_groups_refuses_uneven_groups():

@@ -112,12 +112,14 @@ def routing_heads_attention(q, k, v, means, config, causal=True, padding=None,
 
 
 def local_heads_attention(q, k, v, config, causal=True, padding=None, tables=(None, None),
-                          dropout_rate=0.0, cache=None, position=None):
+                          dropout_rate=0.0, cache=None, position=None, after=()):
   """The local heads: blocked attention [b, hl, n, d] (unscaled: q carries d^-0.5), attention
   dropout `dropout_rate` on the weights. With config.recompute_attention the backward pass keeps
   only q, k, v and the tables and recomputes the attention (exact; refused with dropout), in
   groups of heads one after another in both passes (`head_groups`,
-  `recompute.recompute_in_groups`), so one group's weights are alive at a time.
+  `recompute.recompute_in_groups`), so one group's weights are alive at a time; `after` (the
+  routing heads' output) orders the groups after the routing heads' attention in the forward
+  pass and before its recomputation in the backward pass.
 
   With `cache` (one causal decoding step: q, k, v [b, hl, 1, d] of the int32 scalar `position`),
   the query attends over a ring of the last R >= flange + block positions (entries "local_k",
@@ -147,7 +149,7 @@ def local_heads_attention(q, k, v, config, causal=True, padding=None, tables=(No
   recompute.refuse_dropout(dropout_rate, "local_heads_attention")
   # the padding mask is not differentiable: closed over, not an input of the recomputation
   return recompute.recompute_in_groups(lambda *a: local(*a, pad), [q, k, v], [rel_k, rel_v],
-                                       groups=head_groups(q.shape[1] or 1))
+                                       groups=head_groups(q.shape[1] or 1), after=after)
 
 
 RECOMPUTE_HEADS_PER_GROUP = 2  # measured at bench-8k (6 local heads): 1, 2, 3 and 6 per group
@@ -203,7 +205,7 @@ def kind_heads(routing, local, config, causal=True, padding=None, means=None,
     outputs.append(out)
   if local is not None:
     outputs.append(local_heads_attention(*local, config, causal, padding, local_tables,
-                                         dropout_rate, cache, position))
+                                         dropout_rate, cache, position, after=list(outputs)))
   return (tf.concat(outputs, axis=1) if len(outputs) > 1 else outputs[0]), aux
 
 

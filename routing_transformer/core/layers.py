@@ -360,7 +360,7 @@ def row_chunks(rows, size):
   return [(start, min(size, rows - start)) for start in range(0, rows, size)]
 
 
-def geglu_ffn(x, w1, w2, w3, chunk_rows=None, chunk_forward=False):
+def geglu_ffn(x, w1, w2, w3, chunk_rows=None, chunk_forward=False, keep_products=True):
   """The GEGLU block (gelu(x W1) * (x W2)) W3: x [..., hidden] (leading dims static), kernels
   [hidden, f], [hidden, f], [f, hidden] -> [..., hidden].
 
@@ -374,7 +374,11 @@ def geglu_ffn(x, w1, w2, w3, chunk_rows=None, chunk_forward=False):
   gradient adds the chunks' products). With `chunk_forward` (training) the forward pass also
   computes gelu(a) * b and its product with W3 one chunk of rows after the other, so gelu's
   [positions, f] temporaries are not alive for all positions at once there either; the output
-  then equals the plain ops' up to the matmul's rounding of row blocks."""
+  then equals the plain ops' up to the matmul's rounding of row blocks. With `keep_products`
+  False the backward pass keeps only x and each chunk computes its rows of a and b anew: for a
+  re-run whose output is not needed (`recompute_layers`' replay, where x W1 and x W2 would be
+  computed only for this backward pass), the same matmuls, and no [positions, f] tensor at
+  all."""
   rows = x.shape[:-1].num_elements()
   chunk_rows = chunk_rows or FFN_BACKWARD_ROWS
 
@@ -386,11 +390,13 @@ def geglu_ffn(x, w1, w2, w3, chunk_rows=None, chunk_forward=False):
       b = apply_kernel(x, w2)
 
     def grad(dy):
-      flat = [tf.reshape(t, [rows, t.shape[-1]]) for t in (x, a, b, dy)]
+      kept = (x, dy) + ((a, b) if keep_products else ())
+      flat = [tf.reshape(t, [rows, t.shape[-1]]) for t in kept]
       dxs, sums, after = [], None, [dy]
       for start, size in row_chunks(rows, chunk_rows):
         with tf.control_dependencies(after):  # one chunk after the other
-          x_c, a_c, b_c, dy_c = [tf.slice(t, [start, 0], [size, -1]) for t in flat]
+          x_c, dy_c, *products = [tf.slice(t, [start, 0], [size, -1]) for t in flat]
+        a_c, b_c = products or (tf.matmul(x_c, w1), tf.matmul(x_c, w2))
         da, db, dw3 = tf.gradients(tf.matmul(geglu_hidden(a_c, b_c), w3), [a_c, b_c, w3], dy_c)
         dxs.append(tf.matmul(da, w1, transpose_b=True) + tf.matmul(db, w2, transpose_b=True))
         parts = [tf.matmul(x_c, da, transpose_a=True), tf.matmul(x_c, db, transpose_a=True), dw3]
@@ -413,13 +419,13 @@ def geglu_ffn(x, w1, w2, w3, chunk_rows=None, chunk_forward=False):
   return block(x, w1, w2, w3)
 
 
-def ffn(x, hparams, train=False):
+def ffn(x, hparams, train=False, keep_products=True):
   """Feed-forward block: GEGLU (gelu(x W1) * (x W2)) W3 without biases, or dense-relu-dense.
 
   GEGLU (variables `weight1/kernel`, `weight2/kernel`, `weight3/kernel`, as `dense` creates
-  them) keeps only x, x W1 and x W2 for its backward pass, which runs FFN_BACKWARD_ROWS positions
-  at a time, as does the training forward past the two matmuls (`geglu_ffn`); with relu_dropout
-  in training, or leading dims not static,
+  them) keeps only x, x W1 and x W2 for its backward pass (only x without `keep_products`),
+  which runs FFN_BACKWARD_ROWS positions at a time, as does the training forward past the two
+  matmuls (`geglu_ffn`); with relu_dropout in training, or leading dims not static,
   `geglu_activation` / `geglu_output` on the whole tensors."""
   if hparams.ffn_layer == "geglu":
     dtype, hidden, filters = x.dtype.base_dtype, x.shape[-1], hparams.filter_size
@@ -428,7 +434,7 @@ def ffn(x, hparams, train=False):
     w3 = tf.convert_to_tensor(dense_kernel("weight3", filters, hparams.hidden_size, dtype))
     dropout = train and hparams.relu_dropout
     if x.shape[:-1].is_fully_defined() and not dropout:
-      return geglu_ffn(x, w1, w2, w3, chunk_forward=train)
+      return geglu_ffn(x, w1, w2, w3, chunk_forward=train, keep_products=keep_products)
     with tf.name_scope("weight1"):
       a = apply_kernel(x, w1)
     with tf.name_scope("weight2"):

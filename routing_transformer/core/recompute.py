@@ -138,16 +138,21 @@ def recompute_function(fn, *tensors):
   return recomputed(*[tensors[i] for i in present])
 
 
-def recompute_in_groups(fn, grouped, shared, groups, axis=1):
+def recompute_in_groups(fn, grouped, shared, groups, axis=1, after=()):
   """concat_i fn(*grouped_i, *shared) along `axis`, where grouped_i holds the i-th of `groups`
   equal slices (along `axis`) of each tensor of `grouped`; fn must act on each slice
   independently (e.g. attention heads along the head axis) and be pure, as in
   `recompute_function`. The groups run one after another, in the forward pass and again in the
-  backward pass, which keeps only the inputs and re-runs each group once the output's gradient
-  has arrived and the previous group's gradients are done: one group's attention weights and
-  their gradients are alive at a time instead of every head's. `shared` entries (e.g. relative
-  position tables; None allowed, no gradient) go to every group; their gradients add the groups'.
-  groups=1 is `recompute_function`.
+  backward pass, which keeps only the inputs and re-runs each group (and takes its slice of the
+  output's gradient) once the previous group's gradients are done: one group's attention
+  weights and their gradients are alive at a time instead of every head's. `shared` entries
+  (e.g. relative position tables; None allowed, no gradient) go to every group; their gradients
+  add the groups'.
+
+  `after`: float tensors this function does not use but is ordered after: the first group waits
+  for them in the forward pass, and their gradient from here (zeros) waits for the last group's
+  gradients. So a recomputation that produced them (`recompute_function`) re-runs in the
+  backward pass only after these groups are done instead of alongside them.
 
   Args:
     fn: (*grouped slices, *shared) -> one tensor, sliced like the grouped inputs along `axis`.
@@ -155,11 +160,13 @@ def recompute_in_groups(fn, grouped, shared, groups, axis=1):
     shared: list of tensors or None.
     groups: int >= 1.
     axis: the axis to slice.
+    after: list of tensors.
   Returns:
     fn's output for all slices.
   """
   grouped = [tf.convert_to_tensor(t) for t in grouped]
-  if groups == 1:
+  after = [tf.convert_to_tensor(t) for t in after]
+  if groups == 1 and not after:
     return recompute_function(fn, *(grouped + list(shared)))
   size = grouped[0].shape[axis]
   if groups < 1 or size is None or size % groups:
@@ -167,40 +174,47 @@ def recompute_in_groups(fn, grouped, shared, groups, axis=1):
                      "groups" % (size, axis, groups))
   num_grouped, part = len(grouped), size // groups
   present, with_shared = _present(shared)
+  num_shared = len(present)
+  after_shapes = [t.shape if t.shape.is_fully_defined() else tf.shape(t) for t in after]
 
-  def group_slices(tensors, index, after):
-    """Group `index` of each tensor, read once the tensors of `after` exist."""
-    with tf.control_dependencies(after):
+  def group_slices(tensors, index, waits):
+    """Group `index` of each tensor, read once the tensors of `waits` exist."""
+    with tf.control_dependencies(waits):
       return [slicing.slice_axis(t, axis, index * part, part) for t in tensors]
 
   @tf.custom_gradient
   def recomputed(*args):
     outputs = []
     for i in range(groups):
-      inputs = group_slices(args[:num_grouped], i, outputs[-1:])
-      outputs.append(fn(*(inputs + with_shared(args[num_grouped:]))))
+      inputs = group_slices(args[:num_grouped], i, outputs[-1:] or list(args[num_grouped +
+                                                                              num_shared:]))
+      outputs.append(fn(*(inputs + with_shared(args[num_grouped:num_grouped + num_shared]))))
 
     def grad(dy):
       # Identities of the inputs that wait for dy, sliced per group anew. (Re-reading the
       # forward's per-group pieces here left Grappler's arithmetic optimizer with a step it
       # could not sort topologically: it skipped its rewrites and the step ran 1.25x slower.)
       with tf.control_dependencies([dy]):
-        replay = [tf.identity(t) for t in args]
-      dys = tf.split(dy, groups, axis=axis)
-      grouped_grads, shared_grads, after = [[] for _ in range(num_grouped)], None, []
+        replay = [tf.identity(t) for t in args[:num_grouped + num_shared]]
+      shared_replay = with_shared(replay[num_grouped:])
+      grouped_grads, shared_grads, waits = [[] for _ in range(num_grouped)], None, []
       for i in range(groups):
-        inputs = group_slices(replay[:num_grouped], i, after)
+        # the group's slice of dy waits too: a gradient term that needs only dy (the relative
+        # values' term) would otherwise run for every group at once
+        dy_i, *inputs = group_slices([dy] + replay[:num_grouped], i, waits)
         with tf.name_scope("recompute"):
-          y2 = fn(*(inputs + with_shared(replay[num_grouped:])))
-        grads = tf.gradients(y2, inputs + replay[num_grouped:], dys[i])
+          y2 = fn(*(inputs + shared_replay))
+        grads = tf.gradients(y2, inputs + replay[num_grouped:], dy_i)
         for slot, g in zip(grouped_grads, grads[:num_grouped]):
           slot.append(g)
         parts = grads[num_grouped:]
         shared_grads = parts if shared_grads is None else [
             _add(s, p) for s, p in zip(shared_grads, parts)]
-        after = [g for g in grads if g is not None]
-      return [tf.concat(g, axis=axis) for g in grouped_grads] + shared_grads
+        waits = [g for g in grads if g is not None]
+      with tf.control_dependencies(waits):
+        after_grads = [tf.zeros(shape, t.dtype) for shape, t in zip(after_shapes, after)]
+      return ([tf.concat(g, axis=axis) for g in grouped_grads] + shared_grads + after_grads)
 
     return tf.concat(outputs, axis=axis), grad
 
-  return recomputed(*(grouped + [shared[i] for i in present]))
+  return recomputed(*(grouped + [shared[i] for i in present] + after))

@@ -386,6 +386,10 @@ class RoutingTransformer(t2t_model.T2TModel):
                               auxiliary_name_scope=False), tf.name_scope("post_norm"):
         return prepostprocess_steps(None, r, tail, hparams)
 
+    # whether the replay needs the FFN's output values (a rezero "z" or a norm before the
+    # residual add): if not, x W1 and x W2 are needed only by its backward pass, whose chunks
+    # compute them (`layers.geglu_ffn`, keep_products=False)
+    values_needed = bool(set(head) - set("da"))
     split = bool(hparams.get("recompute_attention", False) and
                  hparams.get("recompute_keep_heads", False))
 
@@ -410,7 +414,7 @@ class RoutingTransformer(t2t_model.T2TModel):
           elif name == "encdec_attention":
             y = memory_attend(mem[0])(self.preprocess(x), i)
           else:
-            y = layers.ffn(self.preprocess(x), hparams, True)
+            y = layers.ffn(self.preprocess(x), hparams, True, keep_products=values_needed)
         # the name T2T's default name gives the block's j-th postprocess
         with tf1.variable_scope("layer_postprocess" + ("_%d" % j if j else "")) as scope:
           scopes.setdefault(j, scope)  # the forward's (the replay reuses its variables)
