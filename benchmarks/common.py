@@ -7,17 +7,28 @@ import time
 
 # TF's BFC allocator on the CPU keeps peak-bytes-in-use statistics (the default CPU allocator keeps
 # none); the variable is read at start-up, so benchmarks re-exec themselves once with it set.
+# BENCH_TF_ALLOCATOR=default selects TF's default CPU allocator instead (what a user's process
+# gets; peers.py --tf-allocator), for comparisons of process RSS, which BFC raises.
 BENCH_ENV = {"TF_CPU_ALLOCATOR_USE_BFC": "true", "TF_CPP_MIN_LOG_LEVEL": "2"}
+
+
+def bench_env():
+  """BENCH_ENV, with TF_CPU_ALLOCATOR_USE_BFC=false when BENCH_TF_ALLOCATOR=default."""
+  env = dict(BENCH_ENV)
+  if os.environ.get("BENCH_TF_ALLOCATOR") == "default":
+    env["TF_CPU_ALLOCATOR_USE_BFC"] = "false"
+  return env
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def ensure_bench_env():
-  """Re-executes the current script with BENCH_ENV set (once); puts the repo on sys.path."""
-  if all(os.environ.get(k) == v for k, v in BENCH_ENV.items()):
+  """Re-executes the current script with `bench_env()` set (once); puts the repo on sys.path."""
+  wanted = bench_env()
+  if all(os.environ.get(k) == v for k, v in wanted.items()):
     if ROOT not in sys.path:
       sys.path.insert(0, ROOT)
     return
-  env = dict(os.environ, **BENCH_ENV)
+  env = dict(os.environ, **wanted)
   os.execve(sys.executable, [sys.executable] + sys.argv, env)
 
 

@@ -22,8 +22,10 @@ the same intra-op thread count (--threads, default: all cores):
   recompute_keep_heads=True; local: 8 local heads; *_bf16:
   activation_dtype=bfloat16, slow without AVX512_BF16).
 
-Every configuration runs in its own process (ours in this venv, the peer in its venv), and each
-reports the same memory measures: the peak resident set size of its process (ru_maxrss / VmHWM)
+Ours runs with TF's default CPU allocator, what a user's process gets (`--tf-allocator bfc`: the
+BFC allocator the other benchmarks set for its peak-bytes statistics, which here is a few percent
+faster and holds ~0.2 GB more RSS). Every configuration runs in its own process (ours in this
+venv, the peer in its venv), and each reports the same memory measures: the peak resident set size of its process (ru_maxrss / VmHWM)
 and its baseline, the RSS before the first step (framework imported, model, optimizer and
 variables built).
 The same invocation records the CPU model and the dense fp32 matmul rate (2048^3) of TensorFlow
@@ -302,6 +304,10 @@ def main(argv=None):
   parser.add_argument("--profile", action="store_true",
                       help="also trace one step per side after timing: op time and memory by "
                       "op type (TF RunMetadata, torch.profiler)")
+  parser.add_argument("--tf-allocator", choices=["default", "bfc"], default="default",
+                      help="TF's CPU allocator in our workers: its default (what a user's "
+                      "process gets) or BFC (TF_CPU_ALLOCATOR_USE_BFC=true, the other "
+                      "benchmarks' choice for its statistics; faster here, more RSS)")
   parser.add_argument("--out", default=os.path.join(HERE, "results"))
   args = parser.parse_args(argv)
   if args.worker:
@@ -325,7 +331,9 @@ def main(argv=None):
   if unknown:
     sys.exit("peers: unknown --ours %s; choose from %s" % (unknown, ", ".join(OURS)))
   python = peer_python()
-  info = common.start("peers", config="bench-8k", length=args.length, threads=args.threads)
+  os.environ["BENCH_TF_ALLOCATOR"] = args.tf_allocator  # our workers re-exec with it
+  info = common.start("peers", config="bench-8k", length=args.length, threads=args.threads,
+                      tf_allocator=args.tf_allocator)
   matmul = {}
   for framework, interpreter, kind in (("tensorflow", sys.executable, "tf_matmul"),
                                        ("pytorch", python, "torch_matmul")):
@@ -358,10 +366,11 @@ def main(argv=None):
                                               matmul["pytorch"]["gflops"])
   common.emit(ratios)
   print("\n%s (%s), %d threads, %s; dense fp32 matmul %d^3: TensorFlow %.0f GFLOP/s, PyTorch %.0f "
-        "GFLOP/s (TensorFlow bfloat16 %.0f)" % (
+        "GFLOP/s (TensorFlow bfloat16 %.0f); ours with TF's %s CPU allocator" % (
             info["cpu_model"], info["simd"], args.threads, info["date"], MATMUL,
             matmul["tensorflow"]["gflops"], matmul["pytorch"]["gflops"],
-            matmul["tensorflow"]["gflops_bfloat16"]))
+            matmul["tensorflow"]["gflops_bfloat16"],
+            "BFC" if args.tf_allocator == "bfc" else "default"))
   print("\n| implementation | s/step | tokens/s | peak process RSS | utilisation | graph build | "
         "parameters |\n|---|---|---|---|---|---|---|")
   for name, r in mine.items():
