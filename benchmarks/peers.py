@@ -19,7 +19,8 @@ the same intra-op thread count (--threads, default: all cores):
   logits_chunk_size=1024; routing_recompute_chunked: both; routing_norel:
   max_relative_position=0; routing_attention_recompute: recompute_attention=True;
   routing_recompute_chunked_attention: all three; routing_recompute_chunked_attention_keep: and
-  recompute_keep_heads=True; local: 8 local heads; *_bf16:
+  recompute_keep_heads=True; routing_recompute_chunked_attention_qkv: recompute_keep_qkv=True
+  instead; local: 8 local heads; *_bf16:
   activation_dtype=bfloat16, slow without AVX512_BF16).
 
 Ours runs with TF's default CPU allocator, what a user's process gets (`--tf-allocator bfc`: the
@@ -92,6 +93,10 @@ OURS = {  # name -> (train_step.py model, hparams overrides)
                                                              "logits_chunk_size": LOGITS_CHUNK,
                                                              "recompute_attention": True,
                                                              "recompute_keep_heads": True}),
+    "routing_recompute_chunked_attention_qkv": ("routing", {"recompute_layers": True,
+                                                            "logits_chunk_size": LOGITS_CHUNK,
+                                                            "recompute_attention": True,
+                                                            "recompute_keep_qkv": True}),
     "local": ("local", {}),
     "routing_bf16": ("routing", {"activation_dtype": "bfloat16"}),
     "routing_recompute_chunked_bf16": ("routing", {"recompute_layers": True,

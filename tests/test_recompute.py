@@ -70,6 +70,9 @@ CASES = [
     # pre-norm (no postprocess tail) and a T2T norm (the whole block, postprocess included)
     ("pre_norm", False, dict(layer_preprocess_sequence="n", layer_postprocess_sequence="da")),
     ("t2t_l2_norm", False, dict(norm_type="l2")),
+    # q, k, v kept (the routing heads' keys too), the attention outside the units
+    ("keep_qkv_separate_keys", False, dict(share_qk=False, recompute_attention=True,
+                                           recompute_keep_qkv=True)),
 ]
 
 
@@ -171,17 +174,30 @@ def test_replay_stops_before_the_w3_product_and_the_post_norm(rng):
   assert [name for name in reads if "decoder_layer_1/self_attention/IdentityN_grad/" in name]
 
 
-@pytest.mark.parametrize("attention,keep_heads", [(False, False), (True, False), (True, True)],
-                         ids=["kept", "recomputed", "recomputed_keep_heads"])
-def test_replay_runs_the_attention_only_where_needed(rng, attention, keep_heads):
+@pytest.mark.parametrize("attention,keep", [(False, None), (True, None), (True, "heads"),
+                                            (True, "qkv")],
+                         ids=["kept", "recomputed", "recomputed_keep_heads",
+                              "recomputed_keep_qkv"])
+def test_replay_runs_the_attention_only_where_needed(rng, attention, keep):
   """recompute_layers: a block's replay runs the attention's forward pass (local einsums,
   routing cluster matmuls), for what the attention's backward pass reads (without
   recompute_attention) or for the heads' output (head_dense and output_transform read it for
   their kernels' gradients). With recompute_attention and recompute_keep_heads the heads are a
   unit of their own whose output the block keeps: no replay runs the attention, which runs once
-  more only inside its own recomputation."""
+  more only inside its own recomputation. With recompute_keep_qkv neither does any replay run
+  the q, k, v projections (the unit before the attention ends with them: their values are not
+  needed), while the forward pass does."""
   graph, ran = _ran(tiny_hparams(recompute_layers=True, recompute_attention=attention,
-                                 recompute_keep_heads=keep_heads), rng)
+                                 recompute_keep_heads=keep == "heads",
+                                 recompute_keep_qkv=keep == "qkv"), rng)
+  # x [positions, hidden] times a kernel's columns [hidden, some heads]
+  projections = [op.name for op in graph.get_operations() if op.type == "MatMul" and re.search(
+      r"/self_attention/(recompute/)?self_attention/Tensordot(_\d+)?/MatMul$", op.name)
+                 and op.inputs[1].shape[0] == 16 and op.inputs[0].shape[-1] == 16]
+  replayed_projections = [name for name in projections if "/recompute/" in name]
+  assert len(projections) > len(replayed_projections) > 0
+  assert bool(set(replayed_projections) & ran) == (keep != "qkv")
+  assert set(projections) - set(replayed_projections) <= ran  # the forward's
   # [b, h, blocks or clusters, queries, keys or depth] products (not the k-means scores)
   attention_ops = [op.name for op in graph.get_operations()
                    if op.type in ("Einsum", "BatchMatMulV2") and op.inputs[0].shape.rank == 5]
@@ -192,5 +208,5 @@ def test_replay_runs_the_attention_only_where_needed(rng, attention, keep_heads)
               "/gradients/" not in name.split("/recompute/self_attention/")[-1]]
   recomputed = [name for name in attention_ops
                 if re.search(r"IdentityN_\d+_grad/recompute/", name)]
-  assert bool(set(replayed) & ran) == (not keep_heads)
+  assert bool(set(replayed) & ran) == (keep is None)
   assert bool(set(recomputed) & ran) == attention

@@ -1143,7 +1143,8 @@ def test_recompute_attention_routing_refuses_dropout():
 
 @pytest.mark.parametrize("overrides", [
     {}, {"recompute_layers": True},
-    {"recompute_layers": True, "recompute_keep_heads": True}])  # the heads a unit of their own
+    {"recompute_layers": True, "recompute_keep_heads": True},  # the heads a unit of their own
+    {"recompute_layers": True, "recompute_keep_qkv": True}])  # the attention outside the units
 def test_model_gradients_with_recompute_attention_equal_the_plain_step(rng, overrides):
   """The whole training step (2 layers of local and routing heads, padding) with
   recompute_attention, alone and inside recompute_layers: the same loss and gradients."""

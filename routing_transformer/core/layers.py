@@ -196,7 +196,7 @@ def attention_dropout_rate(hparams, train):
 
 
 def self_attention(x, hparams, layer_index, padding=None, causal=True, train=False,
-                   read_centroids=None, cache=None, position=None, heads_only=False):
+                   read_centroids=None, cache=None, position=None, heads_only=False, qkv=None):
   """Multi-head self-attention mixing local and routing heads, over whole sequences or (with
   `cache`) one cached causal decoding step.
 
@@ -215,12 +215,14 @@ def self_attention(x, hparams, layer_index, padding=None, causal=True, train=Fal
     position: int32 scalar t of the decoding step (with `cache`).
     heads_only: return the heads' output [b, h, n, d] before `attention_output` (head_dense,
       output_transform), which the caller applies in the same variable scope.
+    qkv: optional `projections(x, ...)` computed by the caller (x is then not read).
   Returns:
     (y [b, n, hidden], k-means loss (scalar, 0 without routing heads or with `cache`),
     kmeans.KMeansStep or None).
   """
   num_routing, num_local, _ = head_counts(hparams, layer_index)
-  routing_qkv, local_qkv = projections(x, hparams, layer_index)
+  routing_qkv, local_qkv = qkv or projections(x, hparams, layer_index)
+  length = next(t for t in (routing_qkv or local_qkv) if t is not None).shape[2]
   loss, step = 0.0, None
   means, routing_tables, local_tables, options = None, (None, None), (None, None), {}
   if num_routing:
@@ -230,7 +232,7 @@ def self_attention(x, hparams, layer_index, padding=None, causal=True, train=Fal
     options = routing_options(hparams, layer_index)
   if num_local:
     local_tables = local_variables(hparams, layer_index)
-  config = head_config(hparams, x.shape[1] if cache is None else None)  # decoding: N positions
+  config = head_config(hparams, length if cache is None else None)  # decoding: N positions
   out, aux = heads.kind_heads(routing_qkv, local_qkv, config, causal, padding, means,
                               routing_tables, local_tables, options,
                               attention_dropout_rate(hparams, train), cache, position)

@@ -37,8 +37,9 @@ def recompute_block(fn, inputs, substitutes=None):
   """y, loss = fn(*inputs), recomputed in the backward pass.
 
   Args:
-    fn: (*inputs, replay=bool) -> (y, loss) tensors; creates/reuses variables with
-      tf.compat.v1.get_variable in the current variable scope.
+    fn: (*inputs, replay=bool) -> (y, loss): y a tensor or a tuple of tensors, loss a scalar
+      tensor; creates/reuses variables with tf.compat.v1.get_variable in the current variable
+      scope.
     inputs: list of float tensors (the block input, and e.g. the encoder output); gradients
       reach them only through the outputs of fn.
     substitutes: optional callable returning {variable.ref(): tensor}: variables fn reads
@@ -47,19 +48,24 @@ def recompute_block(fn, inputs, substitutes=None):
     (y, loss) of the forward call.
   """
   scope = tf1.get_variable_scope()
+  several = []  # whether fn's y is a tuple (set by the forward call)
+
+  def outputs(y):
+    return list(y) if isinstance(y, (tuple, list)) else [y]
 
   @tf.custom_gradient
   def block(*args):
     y, loss = fn(*args, replay=False)
+    several.append(isinstance(y, (tuple, list)))
+    ys = outputs(y)
 
-    def grad(dy, dloss, variables=None):
+    def grad(*grad_ys, variables=None):
       # tf.gradients reads a None grad_ys as ones: an output without gradient gets zeros.
-      dy = tf.zeros_like(y) if dy is None else dy
-      dloss = tf.zeros_like(loss) if dloss is None else dloss
+      dys = [tf.zeros_like(t) if d is None else d for t, d in zip(ys + [loss], grad_ys)]
       # Re-run only once the gradient got here, from inputs the gradients stop at: a variable fn
       # reads may also lie upstream of an input (another unit's output, whose own custom
       # gradient accounts for it), and tf.gradients would follow that path too.
-      with tf.control_dependencies([dy, dloss]):
+      with tf.control_dependencies(dys):
         replay_inputs = [tf.stop_gradient(t) for t in args]
       with tf1.variable_scope(scope, reuse=True), tf.name_scope("recompute"):
         y2, loss2 = fn(*replay_inputs, replay=True)
@@ -67,7 +73,7 @@ def recompute_block(fn, inputs, substitutes=None):
       subs = substitutes() if substitutes is not None else {}
       sub_tensors = [subs.get(v.ref()) for v in variables]
       extra = [t for t in sub_tensors if t is not None]
-      grads = tf.gradients([y2, loss2], replay_inputs + variables + extra, [dy, dloss])
+      grads = tf.gradients(outputs(y2) + [loss2], replay_inputs + variables + extra, dys)
       input_grads = grads[:len(args)]
       var_grads = grads[len(args):len(args) + len(variables)]
       extra_grads = iter(grads[len(args) + len(variables):])
@@ -75,9 +81,11 @@ def recompute_block(fn, inputs, substitutes=None):
                    for g, t in zip(var_grads, sub_tensors)]
       return input_grads, var_grads
 
-    return (y, loss), grad
+    return tuple(ys) + (loss,), grad
 
-  return block(*inputs)
+  results = block(*inputs)
+  ys, loss = list(results[:-1]), results[-1]
+  return (tuple(ys) if several[0] else ys[0]), loss
 
 
 def refuse_dropout(dropout_rate, name):

@@ -313,12 +313,13 @@ class RoutingTransformer(t2t_model.T2TModel):
           % " and ".join(random + (["random_routing=False"] if hparams.random_routing else [])))
     losses = []
 
-    def attend(means, replay, found, heads_only=False):
+    def attend(means, replay, found, heads_only=False, qkv=None):
       """The self-attention of a block's forward call (replay=False) or of its replay."""
       def apply(y, i):
         out, loss, step = layers.self_attention(
             y, hparams, i, padding, causal=causal, train=True,
-            read_centroids=lambda km: read_means(means, km, replay), heads_only=heads_only)
+            read_centroids=lambda km: read_means(means, km, replay), heads_only=heads_only,
+            qkv=qkv)
         if step is not None and not replay:
           self._kmeans_steps.setdefault(step.km.means.name, []).append(step)
         found["loss"] = tf.cast(loss, tf.float32)
@@ -367,9 +368,12 @@ class RoutingTransformer(t2t_model.T2TModel):
     k, v anyway, and recompute_keep_heads, the self-attention's heads are a unit of their own,
     from the sum to the heads' output [b, h, n, d] (before head_dense and output_transform),
     which the block's unit keeps as its second input: neither replay then runs the attention
-    (one more [b, n, hidden] kept per block). The same variables, values and gradients as
-    `block`. For norm_type "layer" with float32 sums (float32 activations, or a postprocess
-    without a norm).
+    (one more [b, n, hidden] kept per block). With recompute_keep_qkv instead, that unit ends
+    with the q, k, v projections (its replay needs no value of them: the post-norm runs again,
+    the projection matmuls do not) and the attention runs outside any unit, keeping q, k, v for
+    its own recomputation (two more [b, n, hidden] per block). The same variables, values and
+    gradients as `block`. For norm_type "layer" with float32 sums (float32 activations, or a
+    postprocess without a norm).
     Returns (x [b, n, hidden], summed commitment losses)."""
     hparams = self.hparams
     sequence = hparams.layer_postprocess_sequence
@@ -390,8 +394,24 @@ class RoutingTransformer(t2t_model.T2TModel):
     # residual add): if not, x W1 and x W2 are needed only by its backward pass, whose chunks
     # compute them (`layers.geglu_ffn`, keep_products=False)
     values_needed = bool(set(head) - set("da"))
-    split = bool(hparams.get("recompute_attention", False) and
-                 hparams.get("recompute_keep_heads", False))
+    keep_qkv = bool(hparams.get("recompute_attention", False) and
+                    hparams.get("recompute_keep_qkv", False))
+    split = keep_qkv or bool(hparams.get("recompute_attention", False) and
+                             hparams.get("recompute_keep_heads", False))
+    layout = {}  # keep_qkv: which of the (routing, local) q, k, v exist
+
+    def projections_unit(r, replay, i, before):
+      """The sum r -> the self-attention's q, k, v (keep_qkv), the present ones as a tuple."""
+      with tf1.variable_scope("self_attention"):
+        kinds = layers.projections(self.preprocess(finish(r, before, replay)), hparams, i)
+      layout["kinds"] = [None if k is None else [t is not None for t in k] for k in kinds]
+      return tuple(t for k in kinds if k is not None for t in k if t is not None), tf.zeros([])
+
+    def unflatten(flat):
+      present = iter(flat)
+      return tuple(None if kind is None else tuple(next(present) if there else None
+                                                   for there in kind)
+                   for kind in layout["kinds"])
 
     def heads_unit(r, replay, i, means, before):
       """The sum r -> the self-attention heads' output (split)."""
@@ -427,7 +447,14 @@ class RoutingTransformer(t2t_model.T2TModel):
       with tf1.variable_scope("%s_layer_%d" % (prefix, i)), \
           tf1.variable_scope("self_attention"):
         heads = []
-        if split:
+        if keep_qkv:  # the attention runs outside any unit: its recomputation keeps q, k, v
+          flat, _ = recompute.recompute_block(
+              functools.partial(projections_unit, i=i, before=before), [x])
+          found = {"loss": tf.zeros([])}
+          with tf1.variable_scope("self_attention"):
+            heads = [attend(means, False, found, heads_only=True, qkv=unflatten(flat))(None, i)]
+          losses.append(found["loss"])
+        elif split:
           out, loss = recompute.recompute_block(
               functools.partial(heads_unit, i=i, means=means, before=before), [x],
               lambda means=means: means)
