@@ -157,40 +157,25 @@ def geglu_graph(rng, dtype, chunk_rows, plain=False, chunk_forward=False, keep_p
   return values, graph
 
 
+@pytest.mark.parametrize("keep_products", [True, False], ids=["products_kept", "x_only"])
 @pytest.mark.parametrize("dtype,rtol,chunk_rows", [
     (tf.float64, 1e-12, 3),   # 10 positions: chunks of 3, 3, 3 and 1
     (tf.float64, 1e-12, 5),
     (tf.float64, 1e-12, 64),  # one chunk
     (tf.float32, 1e-5, 4)])
-def test_geglu_chunked_backward_equals_the_plain_gradient(dtype, rtol, chunk_rows):
+def test_geglu_chunked_backward_equals_the_plain_gradient(dtype, rtol, chunk_rows, keep_products):
   """The GEGLU block's backward pass over chunks of positions: the output is the plain ops' bit
-  for bit, the gradients w.r.t. x and every kernel equal the plain ones."""
-  (y, grads), _ = geglu_graph(np.random.default_rng(7), dtype, chunk_rows)
-  (y_plain, grads_plain), _ = geglu_graph(np.random.default_rng(7), dtype, chunk_rows,
-                                          plain=True)
-  np.testing.assert_array_equal(y, y_plain)
-  for got, want, name in zip(grads, grads_plain, ["x", "weight1", "weight2", "weight3"]):
-    assert np.abs(want).max() > 0, name
-    np.testing.assert_allclose(got, want, rtol=rtol, atol=rtol * np.abs(want).max(), err_msg=name)
-
-
-@pytest.mark.parametrize("dtype,rtol,chunk_rows", [
-    (tf.float64, 1e-12, 3), (tf.float64, 1e-12, 64), (tf.float32, 1e-5, 4)])
-def test_geglu_backward_without_kept_products_equals_the_plain_gradient(dtype, rtol, chunk_rows):
-  """keep_products=False: the backward pass keeps only x of the forward's tensors (no gradient
-  op reads x W1 or x W2 of the forward) and each chunk computes its rows of them; the output is
-  the plain ops', the gradients equal the plain ones."""
+  for bit, the gradients w.r.t. x and every kernel equal the plain ones. It reads the forward's
+  x W1 and x W2, or with keep_products=False only x (each chunk computes its rows of them)."""
   (y, grads), graph = geglu_graph(np.random.default_rng(7), dtype, chunk_rows,
-                                  keep_products=False)
+                                  keep_products=keep_products)
   (y_plain, grads_plain), _ = geglu_graph(np.random.default_rng(7), dtype, chunk_rows,
                                           plain=True)
   np.testing.assert_array_equal(y, y_plain)
   for got, want, name in zip(grads, grads_plain, ["x", "weight1", "weight2", "weight3"]):
     assert np.abs(want).max() > 0, name
     np.testing.assert_allclose(got, want, rtol=rtol, atol=rtol * np.abs(want).max(), err_msg=name)
-  _, kept = geglu_graph(np.random.default_rng(7), dtype, chunk_rows)
-  assert not forward_products_read_backward(graph)
-  assert forward_products_read_backward(kept)  # the default keeps a and b
+  assert bool(forward_products_read_backward(graph)) == keep_products
 
 
 def forward_products_read_backward(graph):
