@@ -113,9 +113,9 @@ def sparse_transformer_local():
       # With recompute_layers and recompute_attention: keep each block's heads' output too (one
       # more [batch, length, hidden] per block), so the replays skip the attention's forward.
       recompute_keep_heads=False,
-      # With recompute_layers and recompute_attention: keep each block's q, k and v instead (two
-      # more [batch, length, hidden] per block than recompute_keep_heads), so the replays skip
-      # the projections as well; the attention keeps them for its own recomputation.
+      # With recompute_layers and recompute_attention: keep each block's q, k and v as well (up
+      # to three more [batch, length, hidden] per block than recompute_keep_heads), so the
+      # replays skip the projections too; the attention keeps them for its own recomputation.
       recompute_keep_qkv=False,
       # Training loss from the output projection this many positions at a time, recomputed in
       # the backward pass (never the whole [batch, length, vocab] logits); 0: off.

@@ -18,9 +18,13 @@ with and without `recompute_layers` and with float32 or bfloat16 activations:
               cross-entropy gradient reads, float32; with --logits_chunk_size those of one chunk
               of positions).
               With recompute: the block inputs (checkpoints) + one block's other activations (the
-              block being re-run) + the embeddings and logits. With --recompute_attention the
-              local heads keep no memory blocks or probabilities (q, k, v are counted already) and
-              the routing heads only q_hat (no gathered clusters or probabilities).
+              block being re-run, whose FFN backward pass computes x W1 and x W2 for 1,024 rows
+              at a time) + the embeddings and logits. With --recompute_attention the local heads
+              keep no memory blocks or probabilities (q, k, v are counted already) and the
+              routing heads only q_hat (no gathered clusters or probabilities). --recompute_keep
+              heads / qkv (recompute_keep_heads / recompute_keep_qkv, with recompute_attention):
+              each block also keeps its heads' output (and with qkv its q, k, v and the routing
+              heads' q_hat), which the re-run block then does not hold again.
   total       params + grads + optimizer + activations
 
 bfloat16 activations: matmul inputs/outputs and GEGLU in bfloat16 (2 bytes), attention
@@ -29,7 +33,7 @@ loss stay float32). Boolean masks, scalars and transient buffers (the gradient o
 differentiated, XLA scratch) are not counted: an estimate of what stays alive, not a bound.
 
 Usage: python scripts/memory_estimate.py [--vocab 32768] [--length 8192] [--logits_chunk_size 0]
-                                         [--recompute_attention]
+                                         [--recompute_attention [--recompute_keep heads|qkv]]
 """
 import argparse
 
@@ -42,6 +46,7 @@ PG19_LOCAL_CLUSTER8K = dict(
     max_relative_position=513, local_relative=True, routing_relative=True, head_dense=True,
     ffn="geglu", ema=True, share_qk=True)
 VOCAB = 32768  # the released vocabulary, vocab.pg19_length8k.32768.subwords
+FFN_BACKWARD_ROWS = 1024  # routing_transformer/core/layers.py: rows per GEGLU backward chunk
 
 
 def config_from_hparams(hp):
@@ -151,9 +156,30 @@ def outside_activation_bytes(cfg, vocab, act, f32=4, logits_chunk=0):
           "logits and softmax (float32)": 2 * rows * vocab * f32}
 
 
+def block_checkpoints(cfg, layer, act, keep=""):
+  """Bytes a recomputed block keeps for the backward pass: its input, with keep="heads" its
+  heads' output, with keep="qkv" also its q, k, v and the routing heads' q_hat."""
+  kept = layer["block input"] + (cfg["length"] * cfg["hidden"] * act if keep else 0)
+  if keep == "qkv":
+    kept += layer["q, k, v"] + layer["routing q_hat and gathered q, v"]
+  return kept
+
+
+def replayed_bytes(cfg, layer, act, keep=""):
+  """Bytes of a block being re-run beyond its checkpoints: its FFN backward pass computes x W1
+  and x W2 one chunk of FFN_BACKWARD_ROWS rows at a time."""
+  chunk = min(1.0, FFN_BACKWARD_ROWS / cfg["length"])
+  ffn = layer["ffn intermediates"]
+  return (sum(layer.values()) - block_checkpoints(cfg, layer, act, keep) - ffn +
+          int(ffn * chunk))
+
+
 def estimate(cfg, vocab=VOCAB, recompute=False, bf16=False, logits_chunk=0,
-             recompute_attention=False):
+             recompute_attention=False, keep=""):
   """Bytes per device of one training step; see the module docstring."""
+  if keep and not recompute_attention:
+    raise ValueError("keep=%r (recompute_keep_%s) takes effect only with recompute_attention"
+                     % (keep, keep))
   act = 2 if bf16 else 4
   shapes = variable_shapes(cfg, vocab)
   params = sum(_size(s) for _, s, trainable in shapes if trainable) * 4
@@ -162,9 +188,9 @@ def estimate(cfg, vocab=VOCAB, recompute=False, bf16=False, logits_chunk=0,
   layers = [layer_activation_bytes(cfg, i, act, recompute_attention=recompute_attention)
             for i in range(cfg["layers"])]
   outside = sum(outside_activation_bytes(cfg, vocab, act, logits_chunk=logits_chunk).values())
-  checkpoints = sum(layer["block input"] for layer in layers)
-  # The block being re-run: everything it saves but its input (already a checkpoint).
-  one_layer = max(sum(layer.values()) - layer["block input"] for layer in layers)
+  checkpoints = sum(block_checkpoints(cfg, layer, act, keep) for layer in layers)
+  # The block being re-run: everything it saves but its checkpoints.
+  one_layer = max(replayed_bytes(cfg, layer, act, keep) for layer in layers)
   if recompute:
     blocks = checkpoints + one_layer
   else:
@@ -185,18 +211,23 @@ def main(argv=None):
                       help="positions per chunk of the output projection + loss (0: whole)")
   parser.add_argument("--recompute_attention", action="store_true",
                       help="the local heads' attention recomputed in the backward pass")
+  parser.add_argument("--recompute_keep", choices=["heads", "qkv"], default="",
+                      help="with --recompute_attention: recompute_keep_heads / recompute_keep_qkv")
   args = parser.parse_args(argv)
+  if args.recompute_keep and not args.recompute_attention:
+    parser.error("--recompute_keep takes effect only with --recompute_attention")
   cfg = dict(PG19_LOCAL_CLUSTER8K, length=args.length)
   print("pg19_local_cluster8k, one sequence of %d tokens per device, vocab %d (%s parameters), "
-        "logits_chunk_size %d, recompute_attention %s" % (
+        "logits_chunk_size %d, recompute_attention %s%s" % (
             cfg["length"], args.vocab, "{:,}".format(estimate(cfg, args.vocab)["parameters"]),
-            args.logits_chunk_size, args.recompute_attention))
+            args.logits_chunk_size, args.recompute_attention,
+            ", recompute_keep_" + args.recompute_keep if args.recompute_keep else ""))
   print("\n| recompute_layers | activations | params | grads | Adafactor + k-means | "
         "activations (blocks + outside) | total GiB |\n|---|---|---|---|---|---|---|")
   for recompute in (False, True):
     for bf16 in (False, True):
       e = estimate(cfg, args.vocab, recompute, bf16, args.logits_chunk_size,
-                   args.recompute_attention)
+                   args.recompute_attention, args.recompute_keep)
       print("| %s | %s | %.2f | %.2f | %.3f | %.2f (%.2f + %.2f) | **%.2f** |" % (
           recompute, "bfloat16" if bf16 else "float32", e["params"] / GIB, e["grads"] / GIB,
           e["optimizer"] / GIB, e["activations"] / GIB, e["block_activations"] / GIB,

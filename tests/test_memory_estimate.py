@@ -52,7 +52,9 @@ def test_totals_add_up(bf16):
   checkpoints = cfg["layers"] * cfg["length"] * cfg["hidden"] * act
   assert recompute["checkpoints"] == checkpoints
   assert recompute["block_activations"] == checkpoints + recompute["one_layer"]
-  assert recompute["one_layer"] == max(sum(x.values()) - x["block input"] for x in layers)
+  # the re-run block's FFN backward pass: x W1 and x W2 for 1,024 of 8,192 rows at a time
+  assert recompute["one_layer"] == max(sum(x.values()) - x["block input"] -
+                                       x["ffn intermediates"] * 7 // 8 for x in layers)
   assert recompute["outside_activations"] == plain["outside_activations"]
   assert recompute["block_activations"] < plain["block_activations"] / 10
 
@@ -86,3 +88,23 @@ def test_recompute_attention_drops_the_local_heads_blocks_and_probabilities():
   # (2 x 2 x 8192 x 129 x 4 bytes) nor the probabilities (2 x 16 x 512 x 512 x 4 bytes)
   routing_saved = 2 * 2 * 8192 * 129 * 4 + 2 * 16 * 512 * 512 * 4
   assert saved == 22 * sum(plain[k] for k in gone) - last_layer_routing_heads + routing_saved
+
+
+@pytest.mark.parametrize("bf16", [False, True])
+def test_recompute_keep_moves_the_kept_tensors_into_the_checkpoints(bf16):
+  """--recompute_keep heads: each block also keeps its heads' output [n, hidden]; qkv: and its
+  q, k, v and the routing heads' q_hat; the re-run block then holds them not again."""
+  cfg, act = memory_estimate.PG19_LOCAL_CLUSTER8K, 2 if bf16 else 4
+  n, h = cfg["length"], cfg["hidden"]
+  lean, heads, qkv = (memory_estimate.estimate(cfg, recompute=True, bf16=bf16,
+                                               recompute_attention=True, keep=keep)
+                      for keep in ("", "heads", "qkv"))
+  assert heads["checkpoints"] - lean["checkpoints"] == 22 * n * h * act
+  layers = [memory_estimate.layer_activation_bytes(cfg, i, act, recompute_attention=True)
+            for i in range(22)]
+  extra = sum(x["q, k, v"] + x["routing q_hat and gathered q, v"] for x in layers)
+  assert qkv["checkpoints"] - heads["checkpoints"] == extra
+  assert lean["one_layer"] - heads["one_layer"] == n * h * act
+  assert heads["one_layer"] > qkv["one_layer"]
+  with pytest.raises(ValueError, match="recompute_attention"):
+    memory_estimate.estimate(cfg, recompute=True, keep="heads")

@@ -371,9 +371,9 @@ class RoutingTransformer(t2t_model.T2TModel):
     (one more [b, n, hidden] kept per block). With recompute_keep_qkv instead, that unit ends
     with the q, k, v projections (its replay needs no value of them: the post-norm runs again,
     the projection matmuls do not) and the attention runs outside any unit, keeping q, k, v for
-    its own recomputation (two more [b, n, hidden] per block). The same variables, values and
-    gradients as `block`. For norm_type "layer" with float32 sums (float32 activations, or a
-    postprocess without a norm).
+    its own recomputation (up to three more [b, n, hidden] per block). The same variables,
+    values and gradients as `block`. For norm_type "layer" with float32 sums (float32
+    activations, or a postprocess without a norm).
     Returns (x [b, n, hidden], summed commitment losses)."""
     hparams = self.hparams
     sequence = hparams.layer_postprocess_sequence
