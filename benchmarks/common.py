@@ -10,6 +10,7 @@ import time
 # BENCH_TF_ALLOCATOR=default selects TF's default CPU allocator instead (what a user's process
 # gets; peers.py --tf-allocator), for comparisons of process RSS, which BFC raises.
 BENCH_ENV = {"TF_CPU_ALLOCATOR_USE_BFC": "true", "TF_CPP_MIN_LOG_LEVEL": "2"}
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def bench_env():
@@ -18,7 +19,6 @@ def bench_env():
   if os.environ.get("BENCH_TF_ALLOCATOR") == "default":
     env["TF_CPU_ALLOCATOR_USE_BFC"] = "false"
   return env
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def ensure_bench_env():

@@ -26,9 +26,9 @@ the same intra-op thread count (--threads, default: all cores):
 Ours runs with TF's default CPU allocator, what a user's process gets (`--tf-allocator bfc`: the
 BFC allocator the other benchmarks set for its peak-bytes statistics, which here is a few percent
 faster and holds ~0.2 GB more RSS). Every configuration runs in its own process (ours in this
-venv, the peer in its venv), and each reports the same memory measures: the peak resident set size of its process (ru_maxrss / VmHWM)
-and its baseline, the RSS before the first step (framework imported, model, optimizer and
-variables built).
+venv, the peer in its venv), and each reports the same memory measures: the peak resident set
+size of its process (ru_maxrss / VmHWM) and its baseline, the RSS before the first step
+(framework imported, model, optimizer and variables built).
 The same invocation records the CPU model and the dense fp32 matmul rate (2048^3) of TensorFlow
 and of PyTorch, each in its own process too, so ratios are read against the same machine.
 Utilisation = useful FLOP/s (train_step.useful_flops_per_token of our bench-8k model x tokens/s;
