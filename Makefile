@@ -4,7 +4,7 @@ PYTEST_ARGS ?=
 # Options for the bench-* targets' scripts, e.g. make bench-train BENCH_ARGS="--steps 3".
 BENCH_ARGS ?=
 
-.PHONY: soak setup test bench-attention bench-train bench-memory bench-profile bench-decode bench-quality bench-peers demo demo-long-range books clean
+.PHONY: soak setup test bench-attention bench-train bench-memory bench-profile bench-decode bench-quality bench-peers bench-matmul demo demo-long-range books clean
 
 setup:
 	@bash scripts/setup.sh
@@ -50,6 +50,10 @@ bench-train: setup
 # bench-8k memory / utilisation variants and the longest trainable length, one process each.
 bench-memory: setup
 	$(PY) benchmarks/train_memory.py $(BENCH_ARGS)
+
+# The dense layers' matmul in each operand layout (MatMul transpose_a / transpose_b, matmul_nt).
+bench-matmul: setup
+	$(PY) benchmarks/matmul_layouts.py $(BENCH_ARGS)
 
 # Not part of CI: PyTorch routing-transformer in its own venv (benchmarks/.venv-peers) vs ours.
 bench-peers: setup

@@ -190,7 +190,7 @@ def wide_backward_tensors(graph, filters, most_rows):
   """Outputs of gradient ops (views apart) with `filters` columns and more than `most_rows`
   positions: the [positions, filter] temporaries of a backward pass (kernels [8, f] apart)."""
   return [t.name for op in graph.get_operations()
-          if op.name.startswith("gradients") and op.type not in ("Reshape", "Identity")
+          if op.name.startswith("gradients") and op.type not in ("Reshape", "Identity", "IdentityN")
           for t in op.outputs
           if t.dtype.is_floating and t.shape.rank and t.shape[-1] == filters and
           t.shape.as_list() != [8, filters] and t.shape.num_elements() > most_rows * filters]
@@ -231,7 +231,7 @@ def test_geglu_chunked_forward_temporaries_hold_one_chunk_of_positions():
   the product over all 10 positions), and its chunks run one after the other."""
   def wide_forward(graph):
     return [op.name for op in graph.get_operations()
-            if not op.name.startswith("gradients") and op.type not in ("Reshape", "Identity")
+            if not op.name.startswith("gradients") and op.type not in ("Reshape", "Identity", "IdentityN")
             and any(t.shape.rank and t.shape[-1] == 24 and t.shape.num_elements() > 3 * 24
                     and t.shape.as_list() != [8, 24] for t in op.outputs)]
   _, graph = geglu_graph(np.random.default_rng(7), tf.float32, 3, chunk_forward=True)
@@ -476,7 +476,7 @@ def test_per_kind_projections_equal_the_sliced_heads(rng, overrides, causal, use
 
 
 def test_kernels_made_apart_start_as_dense_makes_them():
-  """dense_kernel and dense_variables give their kernels the initializer
+  """dense, dense_kernel and dense_variables give their kernels the initializer
   tf.compat.v1.layers.dense gives its own (without a scope initializer: Keras' glorot_uniform,
   not get_variable's), so the per-kind projections, GEGLU and the output layer start from the
   same kind of draw as before; with a scope initializer, that one."""
@@ -487,11 +487,77 @@ def test_kernels_made_apart_start_as_dense_makes_them():
   for scope_initializer in (None, tf1.random_normal_initializer(0.0, 0.5)):
     with tf.Graph().as_default() as graph:
       with tf1.variable_scope("s", initializer=scope_initializer):
+        tf1.layers.dense(tf.zeros([2, 3, 4]), 5, name="reference")
         layers.dense(tf.zeros([2, 3, 4]), 5, "a")
         layers.dense_kernel("b", 4, 5)
         layers.dense_variables("c", 4, 5)
-      want = initializer_ops(graph, "s/a")
-      assert want and initializer_ops(graph, "s/b") == initializer_ops(graph, "s/c") == want
+      want = initializer_ops(graph, "s/reference")
+      assert want and all(initializer_ops(graph, "s/" + name) == want for name in "abc")
+
+
+@pytest.mark.parametrize("use_bias", [False, True])
+def test_dense_equals_the_compat_v1_dense_layer(rng, use_bias):
+  """`layers.dense` creates the variables tf.compat.v1.layers.dense creates (names, shapes), its
+  ops in the same name scope, and with the same variable values gives the same output and the
+  same gradients of x, kernel and bias (float64)."""
+  with tf.Graph().as_default() as graph:
+    x = tf.constant(rng.standard_normal((2, 6, 4)))
+    dy = tf.constant(rng.standard_normal((2, 6, 5)))
+    want = tf1.layers.dense(x, 5, use_bias=use_bias, name="reference")
+    got = layers.dense(x, 5, "ours", use_bias=use_bias)
+    ours, reference = [[v for v in tf1.global_variables() if v.name.startswith(name + "/")]
+                       for name in ("ours", "reference")]
+    assert [v.name.replace("ours/", "reference/") for v in ours] == [v.name for v in reference]
+    assert [v.shape for v in ours] == [v.shape for v in reference]
+    assert graph.get_operation_by_name("ours/Tensordot/MatMul").type == "MatMul"
+    copy = [a.assign(b) for a, b in zip(ours, reference)]
+    grads = [tf.gradients(y, [x] + variables, dy) for y, variables in ((got, ours),
+                                                                      (want, reference))]
+    with tf1.Session() as sess:
+      sess.run(tf1.global_variables_initializer())
+      sess.run(copy)
+      (got, want), (grads, grads_ref) = sess.run([(got, want), grads])
+  np.testing.assert_allclose(got, want, rtol=1e-12)
+  for g, r in zip(grads, grads_ref):
+    np.testing.assert_allclose(g, r, rtol=1e-12)
+
+
+@pytest.mark.parametrize("shape", [(7, 6), (2, 7, 6), (2, 3, 7, 6)])
+def test_apply_kernel_gradient_equals_the_matmul_gradient(rng, shape):
+  """apply_kernel's gradients (x's as `matmul_nt`: a batch matmul with the kernel adjoint) are
+  TF's gradients of the plain tensordot (float64), and its gradient graph has no MatMul with
+  transpose_b, the layout oneDNN runs slowest for a hidden-size input."""
+  with tf.Graph().as_default() as graph:
+    x = tf.constant(rng.standard_normal(shape))
+    kernel = tf.constant(rng.standard_normal((6, 5)))
+    dy = tf.constant(rng.standard_normal(shape[:-1] + (5,)))
+    y = layers.apply_kernel(x, kernel)
+    grads = tf.gradients(y, [x, kernel], dy)
+    plain = tf.tensordot(x, kernel, [[len(shape) - 1], [0]])
+    grads_ref = tf.gradients(plain, [x, kernel], dy)
+    gradient_ops = [op for op in graph.get_operations() if op.name.startswith("gradients/")]
+    assert not [op for op in gradient_ops
+                if op.type == "MatMul" and op.get_attr("transpose_b")]
+    assert [op.get_attr("adj_y") for op in gradient_ops if op.type == "BatchMatMulV2"] == [True]
+    with tf1.Session() as sess:
+      y, plain, grads, grads_ref = sess.run([y, plain, grads, grads_ref])
+  assert y.shape == shape[:-1] + (5,)
+  np.testing.assert_allclose(y, plain, rtol=1e-12)
+  for g, r in zip(grads, grads_ref):
+    assert g.shape == r.shape
+    np.testing.assert_allclose(g, r, rtol=1e-12)
+
+
+def test_matmul_nt_is_the_product_with_the_transpose(rng):
+  """matmul_nt(a, b) = a b^T for a [m, k], b [n, k], also for rows unknown when built."""
+  a_value, b_value = rng.standard_normal((4, 3)), rng.standard_normal((5, 3))
+  with tf.Graph().as_default():
+    a = tf1.placeholder(tf.float64, [None, 3])
+    product = layers.matmul_nt(a, tf.constant(b_value))
+    assert product.shape.as_list() == [None, 5]
+    with tf1.Session() as sess:
+      got = sess.run(product, {a: a_value})
+  np.testing.assert_allclose(got, a_value @ b_value.T, rtol=1e-12)
 
 
 @pytest.mark.parametrize("share_qk", [True, False])
