@@ -1,21 +1,22 @@
 """The dense layers' matmuls in each operand layout: which one TF runs at its plain rate.
 
     python benchmarks/matmul_layouts.py [--repeats 15] [--shapes 8192x512x512,...]
+        [--dtype bfloat16]
 
 For every shape m x k x n (a [m, k] times a [k, n] operand; the defaults are the bench-8k and
 pg19_local_cluster8k dense layers at 8,192 positions: projections, GEGLU, head_dense, a 1,024-row
 chunk of the GEGLU backward pass) it times, in one TF 1 session on variables (no constant
-folding): the plain MatMul; MatMul(transpose_b=True), what TF's MatMul gradient computes for the
+folding; `--dtype bfloat16`: the variables cast to bfloat16, casts included in every layout's
+time): the plain MatMul; MatMul(transpose_b=True), what TF's MatMul gradient computes for the
 input of y = x W (dx = dy W^T, whose shapes are these with k the layer's units and n its
 inputs); `layers.matmul_nt`, the same product as a batch matmul of one with b adjoint, what
 `layers.apply_kernel`'s gradient runs; and MatMul(transpose_a=True), the kernel's gradient
 (x^T dy). Prints one JSON line per shape and a table of GFLOP/s and ratios to the plain rate;
-writes benchmarks/results/matmul_layouts.json.
+writes benchmarks/results/matmul_layouts.json (`matmul_layouts_bfloat16.json`).
 """
 import argparse
 import os
 import sys
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # pylint: disable=g-import-not-at-top,wrong-import-position
@@ -26,15 +27,16 @@ SHAPES = ("8192x512x512", "8192x2048x512", "1024x2048x512", "8192x512x2048", "65
 LAYOUTS = ("plain", "transpose_b", "matmul_nt", "transpose_a")
 
 
-def layout_ops(m, k, n, seed=0):
-  """{layout: reduced product tensor} of an [m, k] x [k, n] product over fresh variables."""
+def layout_ops(m, k, n, dtype="float32", seed=0):
+  """{layout: reduced product tensor} of an [m, k] x [k, n] product over fresh variables
+  (cast to `dtype`)."""
   import numpy as np  # pylint: disable=g-import-not-at-top
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   from routing_transformer.core import layers  # pylint: disable=g-import-not-at-top
   rng = np.random.RandomState(seed)
 
   def variable(*shape):
-    return tf.Variable(rng.standard_normal(shape).astype(np.float32))
+    return tf.cast(tf.Variable(rng.standard_normal(shape).astype(np.float32)), dtype)
 
   a, b, b_t, a_t = variable(m, k), variable(k, n), variable(n, k), variable(k, m)
   products = {"plain": tf.matmul(a, b), "transpose_b": tf.matmul(a, b_t, transpose_b=True),
@@ -43,13 +45,13 @@ def layout_ops(m, k, n, seed=0):
   return {name: tf.reduce_sum(product) for name, product in products.items()}
 
 
-def time_layouts(shape, repeats):
+def time_layouts(shape, repeats, dtype="float32"):
   """{layout: median seconds} of one shape "mxkxn", each layout timed in turn in one session."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   tf1 = tf.compat.v1
   m, k, n = [int(d) for d in shape.split("x")]
   with tf.Graph().as_default():
-    fetches = layout_ops(m, k, n)
+    fetches = layout_ops(m, k, n, dtype)
     with tf1.Session() as session:
       session.run(tf1.global_variables_initializer())
       seconds = {}
@@ -63,17 +65,18 @@ def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   parser.add_argument("--shapes", default=",".join(SHAPES))
   parser.add_argument("--repeats", type=int, default=15)
+  parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
   parser.add_argument("--out", default=os.path.join(common.ROOT, "benchmarks", "results"))
   args = parser.parse_args(argv)
   common.ensure_bench_env()
-  info = common.start("matmul_layouts", repeats=args.repeats)
+  info = common.start("matmul_layouts", repeats=args.repeats, dtype=args.dtype)
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   tf.compat.v1.disable_eager_execution()
   points = []
   for shape in args.shapes.split(","):
-    m, k, n, seconds = time_layouts(shape, args.repeats)
+    m, k, n, seconds = time_layouts(shape, args.repeats, args.dtype)
     flops = 2.0 * m * k * n
-    point = {"record": "point", "m": m, "k": k, "n": n, "seconds": seconds,
+    point = {"record": "point", "dtype": args.dtype, "m": m, "k": k, "n": n, "seconds": seconds,
              "gflops": {name: flops / s / 1e9 for name, s in seconds.items()},
              "over_plain": {name: seconds["plain"] / s for name, s in seconds.items()}}
     common.emit(point)
@@ -84,7 +87,8 @@ def main(argv=None):
     print("| %d x %d x %d | %.0f | %.2f | %.2f | %.2f |" % (
         p["m"], p["k"], p["n"], p["gflops"]["plain"], p["over_plain"]["transpose_b"],
         p["over_plain"]["matmul_nt"], p["over_plain"]["transpose_a"]))
-  common.save(args.out, "matmul_layouts.json", {"machine": info, "points": points})
+  suffix = "" if args.dtype == "float32" else "_" + args.dtype
+  common.save(args.out, "matmul_layouts%s.json" % suffix, {"machine": info, "points": points})
 
 
 if __name__ == "__main__":

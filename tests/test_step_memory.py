@@ -838,6 +838,22 @@ def test_matmul_share_counts_onednn_ops_as_the_ops_they_stand_for():
   assert peers.matmul_share([], peers.TF_MATMUL_OPS) == 0.0
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_matmul_layouts_benchmark_times_every_layout(dtype):
+  """bench-matmul times the four layouts of one m x k x n product, each over its own operands
+  of the right shapes (a transposed operand [n, k] or [k, m])."""
+  matmul_layouts = benchmark_module("matmul_layouts")
+  with tf.Graph().as_default() as graph:
+    fetches = matmul_layouts.layout_ops(8, 4, 2, dtype)
+    products = {op.type for op in graph.get_operations()
+                if op.type in ("MatMul", "BatchMatMulV2")}
+  assert set(fetches) == set(matmul_layouts.LAYOUTS) and products == {"MatMul", "BatchMatMulV2"}
+  assert all(t.dtype == dtype for t in fetches.values())
+  m, k, n, seconds = matmul_layouts.time_layouts("8x4x2", 1, dtype)
+  assert (m, k, n) == (8, 4, 2) and set(seconds) == set(matmul_layouts.LAYOUTS)
+  assert all(s > 0 for s in seconds.values())
+
+
 def test_memory_breakdown_counts_what_the_needed_gradient_ops_read():
   """benchmarks/step_memory_breakdown.py's kept tensors: what the gradient ops the fetches need
   read from the forward pass, in bytes (y = tanh(x w): dw reads x and tanh's output y; the
