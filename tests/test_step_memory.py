@@ -522,13 +522,17 @@ def test_dense_equals_the_compat_v1_dense_layer(rng, use_bias):
     np.testing.assert_allclose(g, r, rtol=1e-12)
 
 
-@pytest.mark.parametrize("shape", [(7, 6), (2, 7, 6), (2, 3, 7, 6)])
-def test_apply_kernel_gradient_equals_the_matmul_gradient(rng, shape):
+@pytest.mark.parametrize("shape,static", [((7, 6), True), ((2, 7, 6), True),
+                                          ((2, 3, 7, 6), True), ((2, 7, 6), False)])
+def test_apply_kernel_gradient_equals_the_matmul_gradient(rng, shape, static):
   """apply_kernel's gradients (x's as `matmul_nt`: a batch matmul with the kernel adjoint) are
-  TF's gradients of the plain tensordot (float64), and its gradient graph has no MatMul with
-  transpose_b, the layout oneDNN runs slowest for a hidden-size input."""
+  TF's gradients of the plain tensordot (float64), also for x of a shape unknown when built, and
+  its gradient graph has no MatMul with transpose_b, the layout oneDNN runs slowest for a
+  hidden-size input."""
   with tf.Graph().as_default() as graph:
     x = tf.constant(rng.standard_normal(shape))
+    if not static:
+      x = tf1.placeholder_with_default(x, [None] * (len(shape) - 1) + [shape[-1]])
     kernel = tf.constant(rng.standard_normal((6, 5)))
     dy = tf.constant(rng.standard_normal(shape[:-1] + (5,)))
     y = layers.apply_kernel(x, kernel)

@@ -62,8 +62,9 @@ def dense_variables(name, inputs, units, dtype=tf.float32):
 def matmul_nt(a, b):
   """a [m, k] times b [n, k] transposed -> [m, n], as a batch matmul of one with b adjoint.
   On the CPU (TF 2.15's oneDNN ops) MatMul(transpose_b=True), what TF's MatMul gradient gives
-  the input of y = x W, runs at 0.7-0.85 of the plain rate where n is the hidden size (512) and
-  k >= 512; the batch matmul at the plain rate (`make bench-matmul`)."""
+  the input of y = x W, ran at 0.72-0.81 of the plain rate for n = 512 (bench-8k's hidden
+  size), the batch matmul at the plain rate; at n = 1,024 and in bfloat16 both ran alike
+  (`make bench-matmul`)."""
   n, k = b.shape
   product = tf.linalg.matmul(tf.reshape(a, [1, -1, k]), tf.reshape(b, [1, n, k]), adjoint_b=True)
   return tf.reshape(product, [-1, n])
@@ -82,7 +83,8 @@ def apply_kernel(x, kernel):
 
     def grad(dy):
       rows = tf.reshape(dy, [-1, units])
-      dx = tf.reshape(matmul_nt(rows, kernel), tf.shape(x))
+      shape = x.shape if x.shape.is_fully_defined() else tf.shape(x)
+      dx = tf.reshape(matmul_nt(rows, kernel), shape)
       return dx, tf.matmul(tf.reshape(x, [-1, inputs]), rows, transpose_a=True)
 
     return out, grad
