@@ -190,7 +190,7 @@ def wide_backward_tensors(graph, filters, most_rows):
   """Outputs of gradient ops (views apart) with `filters` columns and more than `most_rows`
   positions: the [positions, filter] temporaries of a backward pass (kernels [8, f] apart)."""
   return [t.name for op in graph.get_operations()
-          if op.name.startswith("gradients") and op.type not in ("Reshape", "Identity", "IdentityN")
+          if op.name.startswith("gradients") and op.type not in ("Reshape", "Identity")
           for t in op.outputs
           if t.dtype.is_floating and t.shape.rank and t.shape[-1] == filters and
           t.shape.as_list() != [8, filters] and t.shape.num_elements() > most_rows * filters]
@@ -231,7 +231,7 @@ def test_geglu_chunked_forward_temporaries_hold_one_chunk_of_positions():
   the product over all 10 positions), and its chunks run one after the other."""
   def wide_forward(graph):
     return [op.name for op in graph.get_operations()
-            if not op.name.startswith("gradients") and op.type not in ("Reshape", "Identity", "IdentityN")
+            if not op.name.startswith("gradients") and op.type not in ("Reshape", "Identity")
             and any(t.shape.rank and t.shape[-1] == 24 and t.shape.num_elements() > 3 * 24
                     and t.shape.as_list() != [8, 24] for t in op.outputs)]
   _, graph = geglu_graph(np.random.default_rng(7), tf.float32, 3, chunk_forward=True)

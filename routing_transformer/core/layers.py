@@ -70,16 +70,23 @@ def matmul_nt(a, b):
   return tf.reshape(product, [-1, n])
 
 
-def apply_kernel(x, kernel):
+def kernel_product(x, kernel):
   """x [..., inputs] times kernel [inputs, units] -> [..., units], one tensordot as
-  tf.compat.v1.layers.dense computes it. The gradient is TF's MatMul gradient with x's part
-  as `matmul_nt` (dy [rows, units] times the kernel transposed); the kernel's is x^T dy."""
+  tf.compat.v1.layers.dense computes it, with TF's gradient (for callers whose own custom
+  gradient replaces it)."""
+  out = tf.tensordot(x, kernel, [[x.shape.rank - 1], [0]])
+  out.set_shape(x.shape[:-1].concatenate(kernel.shape[-1:]))
+  return out
+
+
+def apply_kernel(x, kernel):
+  """`kernel_product(x, kernel)` whose gradient is TF's MatMul gradient with x's part as
+  `matmul_nt` (dy [rows, units] times the kernel transposed); the kernel's is x^T dy."""
   inputs, units = kernel.shape
 
   @tf.custom_gradient
   def product(x, kernel):
-    out = tf.tensordot(x, kernel, [[x.shape.rank - 1], [0]])
-    out.set_shape(x.shape[:-1].concatenate(kernel.shape[-1:]))
+    out = kernel_product(x, kernel)
 
     def grad(dy):
       rows = tf.reshape(dy, [-1, units])
@@ -389,7 +396,7 @@ def geglu_output(a, b, kernel):
     a2, b2, kernel2 = _recompute_inputs(dy, a, b, kernel)
     return tf.gradients(apply_kernel(geglu_hidden(a2, b2), kernel2), [a2, b2, kernel2], dy)
 
-  return apply_kernel(geglu_hidden(a, b), kernel), grad
+  return kernel_product(geglu_hidden(a, b), kernel), grad
 
 
 FFN_BACKWARD_ROWS = 1024  # positions per chunk of the GEGLU block's backward pass
@@ -424,10 +431,10 @@ def geglu_ffn(x, w1, w2, w3, chunk_rows=None, chunk_forward=False, keep_products
 
   @tf.custom_gradient
   def block(x, w1, w2, w3):
-    with tf.name_scope("weight1"):
-      a = apply_kernel(x, w1)
+    with tf.name_scope("weight1"):  # the block's gradient is `grad`: TF's products suffice
+      a = kernel_product(x, w1)
     with tf.name_scope("weight2"):
-      b = apply_kernel(x, w2)
+      b = kernel_product(x, w2)
 
     def grad(dy):
       kept = (x, dy) + ((a, b) if keep_products else ())
@@ -446,7 +453,7 @@ def geglu_ffn(x, w1, w2, w3, chunk_rows=None, chunk_forward=False, keep_products
       return [dx] + sums
 
     if not chunk_forward:
-      return apply_kernel(geglu_hidden(a, b), w3), grad
+      return kernel_product(geglu_hidden(a, b), w3), grad
     flat_a, flat_b = [tf.reshape(t, [rows, t.shape[-1]]) for t in (a, b)]
     ys = []
     for start, size in row_chunks(rows, chunk_rows):
