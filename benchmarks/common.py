@@ -89,6 +89,32 @@ def matmul_gflops(size=2048, repeats=5, dtype="float32"):
   return 2.0 * size ** 3 / seconds / 1e9
 
 
+RATE_FIELDS = ("gflops", "gflops_bfloat16")  # the rates of a matmul record
+STEADY_SPREAD = 0.85  # start/end matmul rates further apart than this: the machine was disturbed
+
+
+def steady_matmul_rate(start, end):
+  """One framework's dense matmul rate for an invocation measured at its start and at its end:
+  each rate of RATE_FIELDS the higher of the two (a transient slowdown of a shared machine halved
+  one short measurement on 2026-11-27 and would have inflated every utilisation of that run),
+  both kept as "<rate>_start" / "<rate>_end", and "spread" = lower / higher of the fp32 rates (1:
+  steady; below STEADY_SPREAD: "steady" False, the run's times may be disturbed too).
+
+  Args:
+    start, end: matmul records (dicts with at least "gflops").
+  Returns:
+    a copy of `start` with those fields.
+  """
+  out = dict(start)
+  for field in RATE_FIELDS:
+    if field in start and field in end:
+      out[field] = max(start[field], end[field])
+      out[field + "_start"], out[field + "_end"] = start[field], end[field]
+  out["spread"] = min(start["gflops"], end["gflops"]) / max(start["gflops"], end["gflops"])
+  out["steady"] = out["spread"] >= STEADY_SPREAD
+  return out
+
+
 def cpu_model():
   """The CPU model name (/proc/cpuinfo "model name", else lscpu "Model name", else platform)."""
   try:

@@ -30,7 +30,9 @@ venv, the peer in its venv), and each reports the same memory measures: the peak
 size of its process (ru_maxrss / VmHWM) and its baseline, the RSS before the first step
 (framework imported, model, optimizer and variables built).
 The same invocation records the CPU model and the dense fp32 matmul rate (2048^3) of TensorFlow
-and of PyTorch, each in its own process too, so ratios are read against the same machine.
+and of PyTorch, each in its own process too, so ratios are read against the same machine: at its
+start and again at its end, using the higher of the two (`common.steady_matmul_rate`; a warning
+when they differ by more than 15%, a sign the machine was disturbed during the run).
 Utilisation = useful FLOP/s (train_step.useful_flops_per_token of our bench-8k model x tokens/s;
 the same count for the peer, whose model is bench-8k without Shaw relative positions) / the
 dense matmul rate of the side's own framework.
@@ -339,17 +341,26 @@ def main(argv=None):
   os.environ["BENCH_TF_ALLOCATOR"] = args.tf_allocator  # our workers re-exec with it
   info = common.start("peers", config="bench-8k", length=args.length, threads=args.threads,
                       tf_allocator=args.tf_allocator)
-  matmul = {}
-  for framework, interpreter, kind in (("tensorflow", sys.executable, "tf_matmul"),
-                                       ("pytorch", python, "torch_matmul")):
-    matmul[framework] = run_worker(interpreter, kind, args)
-    common.emit(matmul[framework])
+  rates = (("tensorflow", sys.executable, "tf_matmul"), ("pytorch", python, "torch_matmul"))
+
+  def measure_rates(when):
+    measured = {}
+    for framework, interpreter, kind in rates:
+      measured[framework] = dict(run_worker(interpreter, kind, args), when=when)
+      common.emit(measured[framework])
+    return measured
+
+  started = measure_rates("start")
   peer = run_worker(python, "peer", args)
   common.emit(peer)
   mine = {}
   for name in names:
     mine[name] = run_worker(sys.executable, "ours", args, name)
     common.emit(mine[name])
+  ended = measure_rates("end")
+  matmul = {framework: dict(common.steady_matmul_rate(started[framework], ended[framework]),
+                            when="higher of start and end")
+            for framework, _, _ in rates}
   ratios = {"record": "ratio"}
   import train_step  # pylint: disable=g-import-not-at-top
   flops = train_step.useful_flops_per_token(train_step.model_hparams("routing", args.length),
@@ -376,6 +387,16 @@ def main(argv=None):
             matmul["tensorflow"]["gflops"], matmul["pytorch"]["gflops"],
             matmul["tensorflow"]["gflops_bfloat16"],
             "BFC" if args.tf_allocator == "bfc" else "default"))
+  print("(the higher of each rate measured at the start and at the end: TensorFlow %.0f / %.0f, "
+        "PyTorch %.0f / %.0f GFLOP/s)" % (
+            matmul["tensorflow"]["gflops_start"], matmul["tensorflow"]["gflops_end"],
+            matmul["pytorch"]["gflops_start"], matmul["pytorch"]["gflops_end"]))
+  unsteady = [f for f in matmul if not matmul[f]["steady"]]
+  if unsteady:
+    print("WARNING: the %s matmul rate moved between the start and the end of this run (lower / "
+          "higher %s, below %.2f): the machine was disturbed; its step times may be too" % (
+              " and ".join(unsteady), " and ".join("%.2f" % matmul[f]["spread"] for f in unsteady),
+              common.STEADY_SPREAD))
   print("\n| implementation | s/step | tokens/s | peak process RSS | utilisation | graph build | "
         "parameters |\n|---|---|---|---|---|---|---|")
   for name, r in mine.items():

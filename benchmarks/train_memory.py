@@ -6,10 +6,11 @@
 
 Every configuration runs in its own process (a worker of this script), one after the other, and
 reports the peak resident set size of its process (ru_maxrss / VmHWM, as benchmarks/peers.py),
-its graph build time, its first step and its median step time. The invocation first measures
-TensorFlow's dense fp32 matmul rate (2048^3) in a process of its own, so utilisation = useful
-FLOP/s (`useful_flops_per_token` of benchmarks/train_step.py x tokens/s) / that rate is read
-against the same machine in the same run.
+its graph build time, its first step and its median step time. The invocation measures
+TensorFlow's dense fp32 matmul rate (2048^3) in a process of its own at its start and at its end
+and takes the higher (`common.steady_matmul_rate`, with a warning when they differ by more than
+15%), so utilisation = useful FLOP/s (`useful_flops_per_token` of benchmarks/train_step.py x
+tokens/s) / that rate is read against the same machine in the same run.
 
 Part "8k" (bench-8k: length 8192, batch 1, vocab --vocab, the models of
 benchmarks/train_step.py, the whole T2T training step with Adafactor): the configurations of
@@ -185,7 +186,7 @@ def step_args(args, model, overrides, length, steps, warmup):
           "--vocab", args.vocab]
 
 
-def part_8k(args, limit, roof):
+def part_8k(args, limit):
   """bench-8k: every configuration of --configs; returns {config: record}."""
   names = [n.strip() for n in args.configs.split(",") if n.strip()]
   results = {}
@@ -194,15 +195,12 @@ def part_8k(args, limit, roof):
     record = run_worker(args, step_args(args, model, overrides_of(name, args.chunk), LENGTH_8K,
                                         args.steps, args.warmup), limit)
     record.update(part="8k", config=name)
-    if record["status"] == "ok":
-      record["utilisation"] = (record["tokens_per_sec"] * record["useful_flops_per_token"] /
-                               (roof * 1e9))
     common.emit(record)
     results[name] = record
   return results
 
 
-def part_lengths(args, limit, roof):
+def part_lengths(args, limit):
   """The longest trainable length per model, without and with recompute_layers; returns
   (records, {"<model>[_recompute]": longest trainable length or 0})."""
   lengths = sorted(int(n) for n in args.lengths.split(",") if n.strip())
@@ -219,15 +217,20 @@ def part_lengths(args, limit, roof):
         record.update(part="lengths", config=key, length=length)
         fits = record["status"] == "ok" and record["peak_rss_mb"] * 2 ** 20 <= limit
         record["trainable"] = fits
-        if record["status"] == "ok":
-          record["utilisation"] = (record["tokens_per_sec"] * record["useful_flops_per_token"] /
-                                   (roof * 1e9))
         common.emit(record)
         records.append(record)
         if not fits:
           break
         longest[key] = length
   return records, longest
+
+
+def add_utilisation(records, roof):
+  """Sets "utilisation" (useful FLOP/s over `roof` GFLOP/s) on every ok record."""
+  for record in records:
+    if record["status"] == "ok":
+      record["utilisation"] = (record["tokens_per_sec"] * record["useful_flops_per_token"] /
+                               (roof * 1e9))
 
 
 def ratios_8k(results):
@@ -245,12 +248,17 @@ def ratios_8k(results):
   return out
 
 
-def print_tables(info, roof, results, records, longest):
+def print_tables(info, matmul, results, records, longest):
   print("\n%s (AVX512_BF16: %s), %d threads, %s; TensorFlow dense fp32 matmul 2048^3: %.0f "
-        "GFLOP/s; memory limit %.1f GiB (%s)" % (
+        "GFLOP/s (the higher of %.0f at the start and %.0f at the end); memory limit %.1f GiB "
+        "(%s)" % (
             info["cpu_model"], {True: "yes", False: "no"}.get(info["avx512_bf16"], "unknown"),
-            info["threads_used"], info["date"], roof, info["memory_limit_gib"],
-            info["memory_limit_from"]))
+            info["threads_used"], info["date"], matmul["gflops"], matmul["gflops_start"],
+            matmul["gflops_end"], info["memory_limit_gib"], info["memory_limit_from"]))
+  if not matmul["steady"]:
+    print("WARNING: the matmul rate moved between the start and the end of this run (lower / "
+          "higher %.2f, below %.2f): the machine was disturbed; its step times may be too" % (
+              matmul["spread"], common.STEADY_SPREAD))
   if results:
     print("\n| bench-8k configuration | s/step | tokens/s | peak process RSS | utilisation | "
           "graph build | first step |\n|---|---|---|---|---|---|---|")
@@ -313,20 +321,27 @@ def main(argv=None):
   info = common.start("train_memory", part=args.part, vocab=args.vocab, chunk=args.chunk,
                       threads_used=args.threads, memory_limit_gib=limit / GIB,
                       memory_limit_from=chosen, avx512_bf16=common.cpu_flag("avx512_bf16"))
-  matmul = run_worker(args, ["matmul", "--threads", args.threads], limit)
-  common.emit(matmul)
-  if matmul.get("status") not in (None, "ok"):
-    sys.exit("train_memory: the matmul worker failed: %s" % matmul)
-  roof = matmul["gflops"]
+
+  def measure_rate(when):
+    rate = dict(run_worker(args, ["matmul", "--threads", args.threads], limit), when=when)
+    common.emit(rate)
+    if rate.get("status") not in (None, "ok"):
+      sys.exit("train_memory: the matmul worker failed: %s" % rate)
+    return rate
+
+  started = measure_rate("start")
   results, records, longest = {}, [], {}
   if args.part in ("all", "8k"):
-    results = part_8k(args, limit, roof)
+    results = part_8k(args, limit)
   if args.part in ("all", "lengths"):
-    records, longest = part_lengths(args, limit, roof)
+    records, longest = part_lengths(args, limit)
+  matmul = dict(common.steady_matmul_rate(started, measure_rate("end")),
+                when="higher of start and end")
+  add_utilisation(list(results.values()) + records, matmul["gflops"])
   ratios = dict(ratios_8k(results), record="ratio")
   ratios.update(("longest_%s" % k, v) for k, v in longest.items())
   common.emit(ratios)
-  print_tables(info, roof, results, records, longest)
+  print_tables(info, matmul, results, records, longest)
   common.save(args.out, "train_memory.json", {"machine": info, "matmul": matmul,
                                               "bench_8k": results, "lengths": records,
                                               "longest": longest, "ratio": ratios})

@@ -842,6 +842,28 @@ def test_matmul_share_counts_onednn_ops_as_the_ops_they_stand_for():
   assert peers.matmul_share([], peers.TF_MATMUL_OPS) == 0.0
 
 
+def test_steady_matmul_rate_takes_the_higher_of_start_and_end():
+  """bench-peers and bench-memory measure the matmul rate at their start and end: each rate is
+  the higher, both are kept, and a spread beyond STEADY_SPREAD marks the run as disturbed."""
+  common = benchmark_module("common")
+  start = {"record": "matmul", "framework": "tensorflow", "gflops": 107.0,
+           "gflops_bfloat16": 393.0}
+  end = {"record": "matmul", "framework": "tensorflow", "gflops": 208.0, "gflops_bfloat16": 350.0}
+  rate = common.steady_matmul_rate(start, end)
+  assert (rate["gflops"], rate["gflops_bfloat16"]) == (208.0, 393.0)
+  assert (rate["gflops_start"], rate["gflops_end"]) == (107.0, 208.0)
+  assert rate["spread"] == pytest.approx(107.0 / 208.0) and not rate["steady"]
+  assert rate["framework"] == "tensorflow" and start["gflops"] == 107.0  # a copy
+  steady = common.steady_matmul_rate({"gflops": 200.0}, {"gflops": 190.0})
+  assert steady["gflops"] == 200.0 and steady["steady"] and "gflops_bfloat16" not in steady
+  train_memory = benchmark_module("train_memory")
+  records = [{"status": "ok", "tokens_per_sec": 1000.0, "useful_flops_per_token": 1.5e8},
+             {"status": "timeout"}]
+  train_memory.add_utilisation(records, rate["gflops"])
+  assert records[0]["utilisation"] == pytest.approx(1.5e11 / 208e9)
+  assert "utilisation" not in records[1]
+
+
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_matmul_layouts_benchmark_times_every_layout(dtype):
   """bench-matmul times the four layouts of one m x k x n product, each over its own operands
