@@ -115,6 +115,18 @@ def steady_matmul_rate(start, end):
   return out
 
 
+def unsteady_warning(rates):
+  """The warning line for the rates of {framework: `steady_matmul_rate` record} that are not
+  steady, or None when all are."""
+  unsteady = [name for name, rate in rates.items() if not rate["steady"]]
+  if not unsteady:
+    return None
+  return ("WARNING: the %s matmul rate moved between the start and the end of this run (lower / "
+          "higher %s, below %.2f): the machine was disturbed; its step times may be too" % (
+              " and ".join(unsteady), " and ".join("%.2f" % rates[n]["spread"] for n in unsteady),
+              STEADY_SPREAD))
+
+
 def cpu_model():
   """The CPU model name (/proc/cpuinfo "model name", else lscpu "Model name", else platform)."""
   try:

@@ -391,12 +391,9 @@ def main(argv=None):
         "PyTorch %.0f / %.0f GFLOP/s)" % (
             matmul["tensorflow"]["gflops_start"], matmul["tensorflow"]["gflops_end"],
             matmul["pytorch"]["gflops_start"], matmul["pytorch"]["gflops_end"]))
-  unsteady = [f for f in matmul if not matmul[f]["steady"]]
-  if unsteady:
-    print("WARNING: the %s matmul rate moved between the start and the end of this run (lower / "
-          "higher %s, below %.2f): the machine was disturbed; its step times may be too" % (
-              " and ".join(unsteady), " and ".join("%.2f" % matmul[f]["spread"] for f in unsteady),
-              common.STEADY_SPREAD))
+  warning = common.unsteady_warning(matmul)
+  if warning:
+    print(warning)
   print("\n| implementation | s/step | tokens/s | peak process RSS | utilisation | graph build | "
         "parameters |\n|---|---|---|---|---|---|---|")
   for name, r in mine.items():

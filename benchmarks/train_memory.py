@@ -255,10 +255,9 @@ def print_tables(info, matmul, results, records, longest):
             info["cpu_model"], {True: "yes", False: "no"}.get(info["avx512_bf16"], "unknown"),
             info["threads_used"], info["date"], matmul["gflops"], matmul["gflops_start"],
             matmul["gflops_end"], info["memory_limit_gib"], info["memory_limit_from"]))
-  if not matmul["steady"]:
-    print("WARNING: the matmul rate moved between the start and the end of this run (lower / "
-          "higher %.2f, below %.2f): the machine was disturbed; its step times may be too" % (
-              matmul["spread"], common.STEADY_SPREAD))
+  warning = common.unsteady_warning({"tensorflow": matmul})
+  if warning:
+    print(warning)
   if results:
     print("\n| bench-8k configuration | s/step | tokens/s | peak process RSS | utilisation | "
           "graph build | first step |\n|---|---|---|---|---|---|---|")

@@ -856,6 +856,9 @@ def test_steady_matmul_rate_takes_the_higher_of_start_and_end():
   assert rate["framework"] == "tensorflow" and start["gflops"] == 107.0  # a copy
   steady = common.steady_matmul_rate({"gflops": 200.0}, {"gflops": 190.0})
   assert steady["gflops"] == 200.0 and steady["steady"] and "gflops_bfloat16" not in steady
+  assert common.unsteady_warning({"tensorflow": steady}) is None
+  warning = common.unsteady_warning({"tensorflow": steady, "pytorch": rate})
+  assert warning.startswith("WARNING: the pytorch matmul rate moved") and "0.51" in warning
   train_memory = benchmark_module("train_memory")
   records = [{"status": "ok", "tokens_per_sec": 1000.0, "useful_flops_per_token": 1.5e8},
              {"status": "timeout"}]
