@@ -53,16 +53,23 @@ def median_time(fn, steps, warmup=0):
 
 
 def peak_bytes(fn):
-  """Peak TF tensor bytes in use while fn() runs, above what was in use before."""
+  """Peak TF tensor bytes in use while fn() runs, above what was in use before; None (fn still
+  run) where the CPU allocator keeps no statistics: TF's default allocator without oneDNN, as on
+  an AVX2-only CPU (BFC, TF_CPU_ALLOCATOR_USE_BFC=true, always keeps them)."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  tf.config.experimental.reset_memory_stats("CPU:0")
+  try:
+    tf.config.experimental.reset_memory_stats("CPU:0")
+  except ValueError:  # "Cannot reset memory stats for device"
+    fn()
+    return None
   before = tf.config.experimental.get_memory_info("CPU:0")["current"]
   fn()
   return tf.config.experimental.get_memory_info("CPU:0")["peak"] - before
 
 
 def time_fn(fn, repeats=3, warmup=1, max_seconds=60.0):
-  """Median wall time of fn() (which must block until done) and its peak TF memory in bytes."""
+  """Median wall time of fn() (which must block until done) and its peak TF memory in bytes
+  (None without allocator statistics, `peak_bytes`)."""
   for _ in range(warmup):
     fn()
   peak = peak_bytes(fn)

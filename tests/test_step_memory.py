@@ -867,6 +867,23 @@ def test_steady_matmul_rate_takes_the_higher_of_start_and_end():
   assert "utilisation" not in records[1]
 
 
+def test_peak_bytes_without_allocator_statistics_runs_fn_and_reports_none(monkeypatch):
+  """TF's default CPU allocator without oneDNN (an AVX2-only CPU) keeps no statistics and
+  reset_memory_stats raises: peak_bytes still runs fn once and reports None, so bench-peers'
+  matmul rate (common.matmul_gflops) is measured there too (it failed on 2026-11-27)."""
+  common = benchmark_module("common")
+  calls = []
+
+  def no_statistics(device):
+    raise ValueError("Cannot reset memory stats for device " + device)
+
+  monkeypatch.setattr(tf.config.experimental, "reset_memory_stats", no_statistics)
+  assert common.peak_bytes(lambda: calls.append(1)) is None and calls == [1]
+  seconds, peak = common.time_fn(lambda: calls.append(1), repeats=3, warmup=1)
+  assert peak is None and seconds >= 0 and len(calls) == 1 + 1 + 1 + 3
+  assert common.matmul_gflops(size=64, repeats=1) > 0
+
+
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_matmul_layouts_benchmark_times_every_layout(dtype):
   """bench-matmul times the four layouts of one m x k x n product, each over its own operands
