@@ -224,7 +224,8 @@ def tf_matmul_worker(threads):
   import common  # pylint: disable=g-import-not-at-top
   tf.config.threading.set_intra_op_parallelism_threads(threads)
   return {"record": "matmul", "framework": "tensorflow", "version": tf.__version__,
-          "threads": threads, "size": MATMUL, "gflops": common.matmul_gflops(MATMUL),
+          "threads": threads, "size": MATMUL, "onednn": common.onednn_enabled(),
+          "gflops": common.matmul_gflops(MATMUL),
           "gflops_bfloat16": common.matmul_gflops(MATMUL, dtype="bfloat16")}
 
 
@@ -255,6 +256,7 @@ def ours_worker(name, steps, length, threads, warmup, profile=False):
             "baseline_rss_mb": baseline,
             "graph_build_seconds": build, "first_step_seconds": first,
             "tf_cpu_allocator_bfc": os.environ.get("TF_CPU_ALLOCATOR_USE_BFC", ""),
+            "onednn": common.onednn_enabled(),
             "useful_flops_per_token": train_step.useful_flops_per_token(
                 train_step.model_hparams(model, length, overrides), train_step.VOCAB),
             "parameters": params, "steps": steps}
@@ -315,6 +317,10 @@ def main(argv=None):
                       help="TF's CPU allocator in our workers: its default (what a user's "
                       "process gets) or BFC (TF_CPU_ALLOCATOR_USE_BFC=true, the other "
                       "benchmarks' choice for its statistics; faster here, more RSS)")
+  parser.add_argument("--onednn", choices=["default", "on", "off"], default="default",
+                      help="TF's oneDNN ops in our workers (TF_ENABLE_ONEDNN_OPTS): TF's own "
+                      "choice (on with AVX512_VNNI, AVX512_BF16 or AMX, off on an AVX2-only "
+                      "CPU) or forced on / off")
   parser.add_argument("--out", default=os.path.join(HERE, "results"))
   args = parser.parse_args(argv)
   if args.worker:
@@ -339,8 +345,10 @@ def main(argv=None):
     sys.exit("peers: unknown --ours %s; choose from %s" % (unknown, ", ".join(OURS)))
   python = peer_python()
   os.environ["BENCH_TF_ALLOCATOR"] = args.tf_allocator  # our workers re-exec with it
+  if args.onednn != "default":  # read by TensorFlow once, when a worker imports it
+    os.environ["TF_ENABLE_ONEDNN_OPTS"] = "1" if args.onednn == "on" else "0"
   info = common.start("peers", config="bench-8k", length=args.length, threads=args.threads,
-                      tf_allocator=args.tf_allocator)
+                      tf_allocator=args.tf_allocator, onednn=args.onednn)
   rates = (("tensorflow", sys.executable, "tf_matmul"), ("pytorch", python, "torch_matmul"))
 
   def measure_rates(when):
@@ -382,11 +390,12 @@ def main(argv=None):
                                               matmul["pytorch"]["gflops"])
   common.emit(ratios)
   print("\n%s (%s), %d threads, %s; dense fp32 matmul %d^3: TensorFlow %.0f GFLOP/s, PyTorch %.0f "
-        "GFLOP/s (TensorFlow bfloat16 %.0f); ours with TF's %s CPU allocator" % (
+        "GFLOP/s (TensorFlow bfloat16 %.0f); ours with TF's %s CPU allocator, oneDNN %s" % (
             info["cpu_model"], info["simd"], args.threads, info["date"], MATMUL,
             matmul["tensorflow"]["gflops"], matmul["pytorch"]["gflops"],
             matmul["tensorflow"]["gflops_bfloat16"],
-            "BFC" if args.tf_allocator == "bfc" else "default"))
+            "BFC" if args.tf_allocator == "bfc" else "default",
+            {True: "on", False: "off"}.get(matmul["tensorflow"].get("onednn"), "unknown")))
   print("(the higher of each rate measured at the start and at the end: TensorFlow %.0f / %.0f, "
         "PyTorch %.0f / %.0f GFLOP/s)" % (
             matmul["tensorflow"]["gflops_start"], matmul["tensorflow"]["gflops_end"],

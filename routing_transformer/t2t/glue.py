@@ -286,6 +286,33 @@ def gpus_visible():
   return bool(tf.config.list_physical_devices("GPU"))
 
 
+ONEDNN_HINT = (
+    "oneDNN is off: TensorFlow turns its oneDNN ops on by default only on CPUs with AVX512_VNNI, "
+    "AVX512_BF16 or AMX. TF_ENABLE_ONEDNN_OPTS=1 in the environment turns them on (bench-8k's "
+    "training step ran 1.4-1.6x faster so on a 2-core AVX2-only EPYC; docs/performance.md); "
+    "TF_ENABLE_ONEDNN_OPTS=0 keeps them off and this line away.")
+
+
+def onednn_enabled():
+  """Whether this process's TensorFlow runs its oneDNN ops (TF_ENABLE_ONEDNN_OPTS, read once
+  when TensorFlow is imported; by default on only on CPUs with AVX512_VNNI, AVX512_BF16 or AMX,
+  TF 2.9's release notes), or None where TF does not say."""
+  try:
+    from tensorflow.python.util import _pywrap_util_port  # pylint: disable=g-import-not-at-top
+    return bool(_pywrap_util_port.IsMklEnabled())
+  except (ImportError, AttributeError):
+    return None
+
+
+def onednn_hint(enabled, environ=None):
+  """ONEDNN_HINT for a process whose TensorFlow left oneDNN off by its own default; None when
+  oneDNN is on, unknown, or TF_ENABLE_ONEDNN_OPTS is set in `environ` (default os.environ)."""
+  environ = os.environ if environ is None else environ
+  if enabled is None or enabled or "TF_ENABLE_ONEDNN_OPTS" in environ:
+    return None
+  return ONEDNN_HINT
+
+
 def on_cpu(device):
   """A local T2T device name with its GPU part on the CPU: 'gpu:1' -> 'cpu:0'. Devices of other
   tasks ('/job:...') and device functions (parameter servers) are left to T2T."""
@@ -302,7 +329,8 @@ def place_on_cpu_without_gpu():
   the CPU, and TensorFlow's placer logs a multi-line "Failed to place the graph without changing
   the devices of some resources ... Colocation Debug Info" warning for every group of ops
   colocated with a variable: thousands of lines per t2t-trainer start. With a GPU visible T2T's
-  placement is kept.
+  placement is kept. Without a GPU and with oneDNN off by TF's default (an AVX2-only CPU), one
+  more INFO line says how to turn it on (`onednn_hint`).
   """
   from tensor2tensor.utils import devices  # pylint: disable=g-import-not-at-top
   from tensor2tensor.utils import expert_utils  # pylint: disable=g-import-not-at-top
@@ -318,6 +346,9 @@ def place_on_cpu_without_gpu():
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
     tf.compat.v1.logging.info("No GPU visible: the %d data shard(s) %s and their variables are "
                               "placed on cpu:0.", parallelism.n, parallelism._devices)
+    hint = onednn_hint(onednn_enabled())
+    if hint:
+      tf.compat.v1.logging.info(hint)
     return expert_utils.Parallelism(
         [on_cpu(d) for d in parallelism._devices], reuse=parallelism._reuse,
         caching_devices=parallelism._caching_devices,
