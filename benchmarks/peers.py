@@ -25,7 +25,9 @@ the same intra-op thread count (--threads, default: all cores):
 
 Ours runs with TF's default CPU allocator, what a user's process gets (`--tf-allocator bfc`: the
 BFC allocator the other benchmarks set for its peak-bytes statistics, which here is a few percent
-faster and holds ~0.2 GB more RSS). Every configuration runs in its own process (ours in this
+faster and holds ~0.2 GB more RSS), and with TF's own choice of oneDNN (`--onednn on|off`
+sets TF_ENABLE_ONEDNN_OPTS for our workers; TF leaves it off on an AVX2-only CPU, where it ran
+the step 1.4-1.6x faster). Every configuration runs in its own process (ours in this
 venv, the peer in its venv), and each reports the same memory measures: the peak resident set
 size of its process (ru_maxrss / VmHWM) and its baseline, the RSS before the first step
 (framework imported, model, optimizer and variables built).
