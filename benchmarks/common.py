@@ -85,12 +85,6 @@ def time_fn(fn, repeats=3, warmup=1, max_seconds=60.0):
   return times[len(times) // 2], peak
 
 
-def onednn_enabled():
-  """Whether this process's TensorFlow runs its oneDNN ops (`glue.onednn_enabled`), or None."""
-  from routing_transformer.t2t import glue  # pylint: disable=g-import-not-at-top
-  return glue.onednn_enabled()
-
-
 def matmul_gflops(size=2048, repeats=5, dtype="float32"):
   """Dense matmul GFLOP/s (fp32 unless `dtype`) on this machine, measured now (the same-run
   roofline)."""

@@ -224,9 +224,10 @@ def tf_matmul_worker(threads):
   measures it."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   import common  # pylint: disable=g-import-not-at-top
+  from routing_transformer.t2t import glue  # pylint: disable=g-import-not-at-top
   tf.config.threading.set_intra_op_parallelism_threads(threads)
   return {"record": "matmul", "framework": "tensorflow", "version": tf.__version__,
-          "threads": threads, "size": MATMUL, "onednn": common.onednn_enabled(),
+          "threads": threads, "size": MATMUL, "onednn": glue.onednn_enabled(),
           "gflops": common.matmul_gflops(MATMUL),
           "gflops_bfloat16": common.matmul_gflops(MATMUL, dtype="bfloat16")}
 
@@ -239,6 +240,7 @@ def ours_worker(name, steps, length, threads, warmup, profile=False):
     common.enable_cpu_xla_autoclustering()
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   import train_step  # pylint: disable=g-import-not-at-top
+  from routing_transformer.t2t import glue  # pylint: disable=g-import-not-at-top
   common.start("peers_ours", config="bench-8k", length=length)
   tf.config.threading.set_intra_op_parallelism_threads(threads)  # read by tf1.Session too
   model, overrides = OURS[name]
@@ -258,7 +260,7 @@ def ours_worker(name, steps, length, threads, warmup, profile=False):
             "baseline_rss_mb": baseline,
             "graph_build_seconds": build, "first_step_seconds": first,
             "tf_cpu_allocator_bfc": os.environ.get("TF_CPU_ALLOCATOR_USE_BFC", ""),
-            "onednn": common.onednn_enabled(),
+            "onednn": glue.onednn_enabled(),
             "useful_flops_per_token": train_step.useful_flops_per_token(
                 train_step.model_hparams(model, length, overrides), train_step.VOCAB),
             "parameters": params, "steps": steps}
