@@ -20,11 +20,11 @@ with and without `recompute_layers` and with float32 or bfloat16 activations:
               With recompute: the block inputs (checkpoints) + one block's other activations (the
               block being re-run, whose FFN backward pass computes x W1 and x W2 for 1,024 rows
               at a time) + the embeddings and logits. With --recompute_attention the local heads
-              keep no memory blocks or probabilities (q, k, v are counted already) and the
-              routing heads only q_hat (no gathered clusters or probabilities). --recompute_keep
-              heads / qkv (recompute_keep_heads / recompute_keep_qkv, with recompute_attention):
-              each block also keeps its heads' output (and with qkv its q, k, v and the routing
-              heads' q_hat), which the re-run block then does not hold again.
+              keep no memory blocks or probabilities and the routing
+              heads no q_hat, gathered clusters or probabilities (q, k, v are counted already).
+              --recompute_keep heads / qkv (recompute_keep_heads / recompute_keep_qkv, with
+              recompute_attention): each block also keeps its heads' output (and with qkv its
+              q, k, v), which the re-run block then does not hold again.
   total       params + grads + optimizer + activations
 
 bfloat16 activations: matmul inputs/outputs and GEGLU in bfloat16 (2 bytes), attention
@@ -130,7 +130,7 @@ def layer_activation_bytes(cfg, i, act, f32=4, recompute_attention=False):
   routing_kept = 3  # q_hat and the gathered q and v
   if recompute_attention:
     local = 0  # neither memory blocks nor probabilities kept
-    routing_kept = 1  # q_hat only
+    routing_kept = 0  # the normalisation and cluster attention re-run from q, k, v
   memory_width = cfg["flange"] + cfg["block"]  # causal: the block and its flange
   out = {
       "block input": n * h * act,
@@ -158,10 +158,10 @@ def outside_activation_bytes(cfg, vocab, act, f32=4, logits_chunk=0):
 
 def block_checkpoints(cfg, layer, act, keep=""):
   """Bytes a recomputed block keeps for the backward pass: its input, with keep="heads" its
-  heads' output, with keep="qkv" also its q, k, v and the routing heads' q_hat."""
+  heads' output, with keep="qkv" also its q, k, v."""
   kept = layer["block input"] + (cfg["length"] * cfg["hidden"] * act if keep else 0)
   if keep == "qkv":
-    kept += layer["q, k, v"] + layer["routing q_hat and gathered q, v"]
+    kept += layer["q, k, v"]
   return kept
 
 

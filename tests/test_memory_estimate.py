@@ -84,16 +84,17 @@ def test_recompute_attention_drops_the_local_heads_blocks_and_probabilities():
   saved = (memory_estimate.estimate(cfg)["total"] -
            memory_estimate.estimate(cfg, recompute_attention=True)["total"])
   last_layer_routing_heads = 2 * 8192 * 512 * 4 + 2 * 2 * 8192 * 2 * 129 * 4  # local there: 6
-  # and in the last block the 2 routing heads keep neither the gathered q and v
-  # (2 x 2 x 8192 x 129 x 4 bytes) nor the probabilities (2 x 16 x 512 x 512 x 4 bytes)
-  routing_saved = 2 * 2 * 8192 * 129 * 4 + 2 * 16 * 512 * 512 * 4
+  # and in the last block the 2 routing heads keep neither q_hat and the gathered q and v
+  # (3 x 2 x 8192 x 129 x 4 bytes) nor the probabilities (2 x 16 x 512 x 512 x 4 bytes)
+  routing_saved = 3 * 2 * 8192 * 129 * 4 + 2 * 16 * 512 * 512 * 4
   assert saved == 22 * sum(plain[k] for k in gone) - last_layer_routing_heads + routing_saved
 
 
 @pytest.mark.parametrize("bf16", [False, True])
 def test_recompute_keep_moves_the_kept_tensors_into_the_checkpoints(bf16):
   """--recompute_keep heads: each block also keeps its heads' output [n, hidden]; qkv: and its
-  q, k, v and the routing heads' q_hat; the re-run block then holds them not again."""
+  q, k, v (the routing heads keep no q_hat with recompute_attention: it is re-run from q); the
+  re-run block then holds them not again."""
   cfg, act = memory_estimate.PG19_LOCAL_CLUSTER8K, 2 if bf16 else 4
   n, h = cfg["length"], cfg["hidden"]
   lean, heads, qkv = (memory_estimate.estimate(cfg, recompute=True, bf16=bf16,
@@ -102,7 +103,8 @@ def test_recompute_keep_moves_the_kept_tensors_into_the_checkpoints(bf16):
   assert heads["checkpoints"] - lean["checkpoints"] == 22 * n * h * act
   layers = [memory_estimate.layer_activation_bytes(cfg, i, act, recompute_attention=True)
             for i in range(22)]
-  extra = sum(x["q, k, v"] + x["routing q_hat and gathered q, v"] for x in layers)
+  assert all(x["routing q_hat and gathered q, v"] == 0 for x in layers)
+  extra = sum(x["q, k, v"] for x in layers)
   assert qkv["checkpoints"] - heads["checkpoints"] == extra
   assert lean["one_layer"] - heads["one_layer"] == n * h * act
   assert heads["one_layer"] > qkv["one_layer"]

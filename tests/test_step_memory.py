@@ -1205,10 +1205,10 @@ def test_model_step_with_grouped_recompute_sorts_for_grappler():
 
 def routing_graph(rng, recompute, causal=True, share_qk=True, use_padding=False, n=48,
                   window=12):
-  """(output, diagnostics, gradients w.r.t. q, k (without share_qk), v, both relative tables
-  and a per-head logit scale) of 2 routing heads with 4 centroids, routing_attention with
-  exclude_self, float64."""
-  q, k, v = (tf.constant(rng.normal(size=(1, 2, n, 4))) for _ in range(3))
+  """(output, (commitment loss, diagnostics), gradients of out . dy + 0.7 commitment loss
+  w.r.t. q, k (without share_qk), v, both relative tables and a per-head logit scale) of 2
+  routing heads with 4 centroids, routing_attention with exclude_self, float64."""
+  q, k, v = (tf.constant(rng.normal(size=(1, 2, n, 4)), name=name) for name in "qkv")
   tables = tuple(tf.constant(rng.normal(size=(2 * window - 1, 4))) for _ in range(2))
   centroids = tf.constant(rng.normal(size=(2, 4, 4)))
   log_scale = tf.constant(rng.normal(size=(2,)) * 0.3)
@@ -1218,9 +1218,11 @@ def routing_graph(rng, recompute, causal=True, share_qk=True, use_padding=False,
       relative_keys=tables[0], relative_values=tables[1], exclude_self=True,
       logit_scale=tf.exp(log_scale), recompute=recompute)
   inputs = [q, v, *tables, log_scale] + ([] if share_qk else [k])
-  dy = tf.constant(rng.normal(size=(1, 2, n, 4)))
-  grads = tf1.gradients(out, inputs, dy)
-  return out, (aux["member_count"], aux["self_weight"]), [tf.convert_to_tensor(g) for g in grads]
+  dy = tf.constant(rng.normal(size=(1, 2, n, 4)), name="dy")
+  loss = aux["commitment_loss"]
+  grads = tf1.gradients([out, loss], inputs, [dy, tf.constant(0.7, loss.dtype)])
+  return (out, (loss, aux["member_count"], aux["self_weight"]),
+          [tf.convert_to_tensor(g) for g in grads])
 
 
 @pytest.mark.parametrize("causal,share_qk,use_padding", [
@@ -1239,6 +1241,57 @@ def test_recompute_attention_routing_equals_the_kept_cluster_attention(causal, s
   for g, g2 in zip(grads, grads2):
     assert np.abs(g).max() > 0
     np.testing.assert_allclose(g2, g, rtol=1e-12, atol=1e-12)
+
+
+def test_recompute_attention_routing_keeps_only_q_k_v_of_their_size():
+  """Of the [b, h, n, d] tensors (1 * 2 * 48 * 4 = 384 elements), the plain routing attention's
+  gradient ops read q_hat, k_hat, the normalisation's x - mean and the differences to the
+  centroids; with recompute=True they read only q, k, v themselves (the commitment loss and the
+  normalisation are re-run from them) and the incoming gradient."""
+  for share_qk in (True, False):
+    saved = []
+    for recompute in (False, True):
+      graph = tf.Graph()
+      with graph.as_default():
+        routing_graph(np.random.default_rng(7), recompute, causal=share_qk, share_qk=share_qk)
+      saved.append(saved_for_backward(graph, 384))
+    inputs = {"q:0", "v:0", "dy:0"} | (set() if share_qk else {"k:0"})
+    assert saved[1] == inputs and len(saved[0] - inputs) >= 2, saved
+
+
+def test_recompute_function_waits_for_every_gradient_even_where_it_reads_outside_tensors():
+  """The re-run of a function whose ops read a tensor from outside (here m, with no input of
+  the function in between) and with two differentiable outputs and a side output: every
+  re-run op waits for both outputs' gradients; the values and gradients are the plain ones."""
+  arrays = np.random.default_rng(3).normal(size=(3, 2, 5))
+  scale = np.random.default_rng(4).normal()
+
+  def fn(x, m):
+    weights = tf.nn.softmax(m * 2.0)  # reads only m
+    return x * weights, tf.reduce_sum(tf.square(x - m)), tf.reduce_max(weights)
+
+  def step(recomputed):
+    x, m, dy = (tf.constant(t, name=name) for t, name in zip(arrays, ("x", "m", "dy")))
+    seed = tf.constant(scale, tf.float64, name="seed")
+    if recomputed:
+      y, loss, side = recompute.recompute_function(lambda x: fn(x, m), x, differentiable=2)
+    else:
+      y, loss, side = fn(x, m)
+    return [y, loss, side] + tf1.gradients([y, loss], [x], [dy, seed])
+
+  graph = tf.Graph()
+  with graph.as_default():
+    outputs = step(True)
+    replay = [op for op in graph.get_operations()
+              if "recompute/" in op.name and op.type in ("Softmax", "Mul", "Square")]
+    assert {op.type for op in replay} == {"Softmax", "Mul", "Square"}
+    for op in replay:
+      assert {"seed", "dy"} <= ancestors(op), op.name
+    values = tf1.Session().run(outputs)
+  with tf.Graph().as_default():
+    expected = tf1.Session().run(step(False))
+  for got, want in zip(values, expected):
+    np.testing.assert_allclose(got, want, rtol=1e-12)
 
 
 def test_recompute_attention_routing_keeps_no_cluster_weights():

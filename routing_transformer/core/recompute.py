@@ -110,38 +110,44 @@ def _present(tensors):
   return present, fill
 
 
-def recompute_function(fn, *tensors):
+def recompute_function(fn, *tensors, differentiable=1):
   """fn(*tensors), keeping only `tensors` for the backward pass: the backward pass re-runs fn on
-  them once the output's gradient has arrived and differentiates the re-run.
+  them once the outputs' gradients have arrived and differentiates the re-run.
 
   fn must be pure (no variables, no random numbers, deterministic), so the re-run computes the
   forward's values and the gradients equal those of fn itself. Entries of `tensors` may be None
-  (passed on to fn as None, no gradient). fn returns one tensor y, or a tuple (y, *side): side
-  outputs (diagnostics) are the forward's values and carry no gradient.
-  Returns y, or the tuple (y, *side).
+  (passed on to fn as None, no gradient); tensors fn reads from outside (e.g. member indices, a
+  padding mask) get no gradient. fn returns one tensor y, or a tuple whose first
+  `differentiable` entries carry gradients and whose other entries are side outputs
+  (diagnostics: the forward's values, no gradient). The whole re-run waits for the gradients,
+  also its ops that read only tensors from outside: they would otherwise run in the forward
+  pass and be kept.
+  Returns fn's outputs.
   """
   present, fill = _present(tensors)
 
   def call(args):
-    return fn(*fill(args))
+    outputs = fn(*fill(args))
+    return list(outputs) if isinstance(outputs, tuple) else [outputs]
 
-  def first(outputs):
-    return outputs[0] if isinstance(outputs, tuple) else outputs
+  several = []  # whether fn returns a tuple (set by the forward call)
 
   @tf.custom_gradient
   def recomputed(*args):
-    outputs = call(args)
-    if isinstance(outputs, tuple):
-      outputs = (outputs[0],) + tuple(tf.stop_gradient(t) for t in outputs[1:])
+    outputs = fn(*fill(args))
+    several.append(isinstance(outputs, tuple))
+    outputs = list(outputs) if several[0] else [outputs]
+    outputs = outputs[:differentiable] + [tf.stop_gradient(t) for t in outputs[differentiable:]]
 
-    def grad(dy, *_):  # the side outputs' gradients are dropped
-      with tf.control_dependencies([dy]):  # re-run only once the gradient got here
-        replay = [tf.identity(t) for t in args]
-      with tf.name_scope("recompute"):
-        y2 = first(call(replay))
-      return tf.gradients(y2, replay, dy)
+    def grad(*dys):  # the side outputs' gradients are dropped
+      dys = [tf.zeros_like(t) if d is None else d
+             for t, d in zip(outputs[:differentiable], dys[:differentiable])]
+      with tf.control_dependencies(dys), tf.name_scope("recompute"):
+        replay = [tf.identity(t) for t in args]  # re-run only once the gradients got here
+        ys = call(replay)[:differentiable]
+      return tf.gradients(ys, replay, dys)
 
-    return outputs, grad
+    return tuple(outputs) if several[0] else outputs[0], grad
 
   return recomputed(*[tensors[i] for i in present])
 

@@ -32,9 +32,9 @@ def causal_key_routing_attention(q, k, v, centroids, window, padding=None, relat
                       member_padding=member_pad,
                       weights=routing.position_weights(kmeans_pad, tf.shape(q_hat)[0],
                                                        q_hat.shape[2]),
-                      random_routing=random_routing)
-  return routing.attend_in_clusters(aux, v, window, True, key_pad, rel_k, rel_v, exclude_self,
-                                    logit_scale, dropout_rate, recompute)
+                      random_routing=random_routing, with_loss=not recompute)
+  return routing.attend_in_clusters(aux, q, k, v, mu, window, True, False, key_pad, rel_k,
+                                    rel_v, exclude_self, logit_scale, dropout_rate, recompute)
 
 
 def routing_attention(q, k, v, centroids, window, causal=True, share_qk=True, padding=None,

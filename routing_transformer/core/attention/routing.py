@@ -10,8 +10,8 @@ Cost O(n c d + c w^2 d); with c = n / w and w ~ sqrt(n) this is O(n^1.5 d).
 `routing_attention` is those steps in order: `normalised_inputs` (1), `route` (2, 3: assignments,
 commitment loss, members), `cluster_attention` (4 to 7). The original release's causal rule with
 separate keys, which only its checkpoints need, is `legacy.causal_key_routing_attention`.
-With recompute=True (hparam `recompute_attention`) steps 4 to 7 keep only their inputs for the
-backward pass and run again there (`recomputed_cluster_attention`).
+With recompute=True (hparam `recompute_attention`) the normalisation, the commitment loss and
+steps 4 to 7 keep only q, k, v for the backward pass and run again there (`recomputed_routing`).
 """
 import tensorflow as tf
 
@@ -162,7 +162,7 @@ def members(scores, window, padding=None, random_routing=False):
 
 
 def route(q_hat, k_hat, mu, window, share_qk, route_keys, member_padding=None, weights=None,
-          random_routing=False):
+          random_routing=False, with_loss=True):
   """Assignments, commitment loss and balanced cluster members (steps 2 and 3).
 
   Args:
@@ -175,26 +175,36 @@ def route(q_hat, k_hat, mu, window, share_qk, route_keys, member_padding=None, w
     member_padding: optional bool [b, n]; these positions lose every top-k tie.
     weights: [b, n] k-means weight of each position (commitment loss, statistics); default 1.
     random_routing: members drawn at random (the Random Transformer baseline).
+    with_loss: compute the commitment loss here (`recomputed_routing` computes it itself).
   Returns:
     aux dict: "q_hat", "k_hat", "weights", "query_clusters", "key_clusters" (without
-    share_qk), "commitment_loss", "query_indices", "key_indices" (see `routing_attention`).
+    share_qk), "commitment_loss" (with_loss), "query_indices", "key_indices" (see
+    `routing_attention`).
   """
   if weights is None:
     weights = position_weights(None, tf.shape(q_hat)[0], q_hat.shape[2])
   query_scores = centroid_scores(q_hat, mu)
   aux = {"q_hat": q_hat, "k_hat": k_hat, "weights": weights,
          "query_clusters": kmeans.assignments(query_scores)}
-  loss = kmeans.commitment_loss(q_hat, mu, aux["query_clusters"], weights)
   aux["query_indices"] = members(query_scores, window, member_padding, random_routing)
   aux["key_indices"] = aux["query_indices"]
   if not share_qk:  # keys commit to (and, when routed, are routed by) their own centroids
     key_scores = centroid_scores(k_hat, mu)
     aux["key_clusters"] = kmeans.assignments(key_scores)
-    loss = 0.5 * (loss + kmeans.commitment_loss(k_hat, mu, aux["key_clusters"], weights))
     if route_keys:
       aux["key_indices"] = members(key_scores, window, member_padding, random_routing)
-  aux["commitment_loss"] = loss
+  if with_loss:
+    aux["commitment_loss"] = commitment(q_hat, k_hat, mu, aux, share_qk)
   return aux
+
+
+def commitment(q_hat, k_hat, mu, aux, share_qk):
+  """The commitment loss of the queries (and, without share_qk, the mean with the keys') to
+  their assigned centroids (aux "query_clusters", "key_clusters"; weights aux "weights")."""
+  loss = kmeans.commitment_loss(q_hat, mu, aux["query_clusters"], aux["weights"])
+  if not share_qk:
+    loss = 0.5 * (loss + kmeans.commitment_loss(k_hat, mu, aux["key_clusters"], aux["weights"]))
+  return loss
 
 
 def cluster_attention(aux, v, window, causal, key_padding=None, relative_keys=None,
@@ -266,37 +276,58 @@ def cluster_attention(aux, v, window, causal, key_padding=None, relative_keys=No
   return tf.cast(summed / (count + COUNT_EPSILON), v.dtype), aux
 
 
-def recomputed_cluster_attention(aux, v, window, causal, key_padding=None, relative_keys=None,
-                                 relative_values=None, exclude_self=False, logit_scale=None):
-  """`cluster_attention` (without dropout) keeping only q_hat, k_hat, v, the tables, the logit
-  scale and the members for the backward pass: the gathered clusters and the weights
-  [b, h, c, w, w] are recomputed there once the output's gradient has arrived. The same values
-  and gradients; the diagnostics "member_count" and "self_weight" carry no gradient."""
-  q_hat, k_hat = aux["q_hat"], aux["k_hat"]
-  scale_is_tensor = isinstance(logit_scale, (tf.Tensor, tf.Variable))
-  indices = {key: aux[key] for key in ("query_indices", "key_indices")}  # the same objects
+def recomputed_routing(q, k, v, mu, aux, window, causal, share_qk, key_padding=None,
+                       relative_keys=None, relative_values=None, exclude_self=False,
+                       logit_scale=None):
+  """The normalisation, the commitment loss and `cluster_attention` (without dropout) as one
+  function of q, k, v, the tables and the logit scale that keeps only them for the backward pass
+  and re-runs there once the output's gradient has arrived (`recompute.recompute_function`).
 
-  def attend(q_hat, k_hat, v, rel_k, rel_v, scale):
-    inner = dict(indices, q_hat=q_hat, k_hat=q_hat if k_hat is None else k_hat)
+  The routing decisions (aux's clusters and members, from `route` with_loss=False) come from the
+  forward's q_hat, k_hat, which then carry no gradient: neither they nor the normalisation's
+  intermediates, the differences to the centroids or the cluster weights [b, h, c, w, w] are
+  kept, and the commitment loss's gradient [b, h, n, d] is computed with the attention's. The
+  same values and gradients as the kept computation; the diagnostics carry no gradient.
+
+  Args:
+    q, k, v: [b, h, n, d] as given to `routing_attention` (k unused with share_qk).
+    mu: [h, c, d] stop-gradient centroids; aux: from `route`.
+    Others as in `cluster_attention`.
+  Returns:
+    (output [b, h, n, d] of v's dtype, aux with "commitment_loss", "member_count",
+    "self_weight").
+  """
+  wide = aux["q_hat"].dtype
+  scale_is_tensor = isinstance(logit_scale, (tf.Tensor, tf.Variable))
+  decisions = {key: aux[key] for key in ("query_indices", "key_indices", "query_clusters",
+                                        "key_clusters", "weights") if key in aux}
+
+  def attend(q, k, v, rel_k, rel_v, scale):
+    q_hat = common.layer_norm_no_scale(q, dtype=wide)
+    k_hat = q_hat if share_qk else common.layer_norm_no_scale(k, dtype=wide)
+    inner = dict(decisions, q_hat=q_hat, k_hat=k_hat)
+    loss = commitment(q_hat, k_hat, mu, inner, share_qk)
     out, inner = cluster_attention(inner, v, window, causal, key_padding, rel_k, rel_v,
                                    exclude_self, scale if scale_is_tensor else logit_scale)
-    return out, inner["member_count"], inner["self_weight"]
+    return out, loss, inner["member_count"], inner["self_weight"]
 
-  out, aux["member_count"], aux["self_weight"] = recompute_lib.recompute_function(
-      attend, q_hat, None if k_hat is q_hat else k_hat, v, relative_keys, relative_values,
-      tf.convert_to_tensor(logit_scale) if scale_is_tensor else None)
+  out, aux["commitment_loss"], aux["member_count"], aux["self_weight"] = (
+      recompute_lib.recompute_function(
+          attend, q, None if share_qk else k, v, relative_keys, relative_values,
+          tf.convert_to_tensor(logit_scale) if scale_is_tensor else None, differentiable=2))
   return out, aux
 
 
-def attend_in_clusters(aux, v, window, causal, key_padding, relative_keys, relative_values,
-                       exclude_self, logit_scale, dropout_rate, recompute):
-  """Steps 4 to 7: `cluster_attention`, or with recompute `recomputed_cluster_attention`."""
+def attend_in_clusters(aux, q, k, v, mu, window, causal, share_qk, key_padding, relative_keys,
+                       relative_values, exclude_self, logit_scale, dropout_rate, recompute):
+  """Steps 4 to 7: `cluster_attention`, or with recompute `recomputed_routing` (aux from
+  `route` with_loss=not recompute)."""
   if not recompute:
     return cluster_attention(aux, v, window, causal, key_padding, relative_keys,
                              relative_values, exclude_self, logit_scale, dropout_rate)
   recompute_lib.refuse_dropout(dropout_rate, "routing_attention")
-  return recomputed_cluster_attention(aux, v, window, causal, key_padding, relative_keys,
-                                      relative_values, exclude_self, logit_scale)
+  return recomputed_routing(q, k, v, mu, aux, window, causal, share_qk, key_padding,
+                            relative_keys, relative_values, exclude_self, logit_scale)
 
 
 def routing_attention(q, k, v, centroids, window, causal=True, share_qk=True, padding=None,
@@ -324,8 +355,9 @@ def routing_attention(q, k, v, centroids, window, causal=True, share_qk=True, pa
       per-head [h] tensor multiplying the logits (relative logits included).
     dropout_rate: attention dropout on the weights (hparam `attention_dropout` in TRAIN mode).
     padding_as_original: padding as the original release treats it (`padding_roles`).
-    recompute: the cluster attention keeps only its inputs for the backward pass and runs again
-      there (`recomputed_cluster_attention`; refuses dropout).
+    recompute: the normalisation, the commitment loss and the cluster attention keep only q,
+      k, v (and the tables, the scale) for the backward pass and run again there
+      (`recomputed_routing`; refuses dropout).
   With bfloat16 (float16) q, k, v (hparam `activation_dtype`), everything after the
   normalisation (scores, k-means terms, cluster logits, softmax, values) is computed in float32
   and only the output is cast back.
@@ -345,9 +377,10 @@ def routing_attention(q, k, v, centroids, window, causal=True, share_qk=True, pa
       "routing_attention")
   key_pad, member_pad, kmeans_pad = padding_roles(pad, causal, padding_as_original)
   aux = route(q_hat, k_hat, mu, window, share_qk, not causal, member_pad,
-              position_weights(kmeans_pad, tf.shape(q_hat)[0], q_hat.shape[2]), random_routing)
-  return attend_in_clusters(aux, v, window, causal, key_pad, rel_k, rel_v, exclude_self,
-                            logit_scale, dropout_rate, recompute)
+              position_weights(kmeans_pad, tf.shape(q_hat)[0], q_hat.shape[2]), random_routing,
+              with_loss=not recompute)
+  return attend_in_clusters(aux, q, k, v, mu, window, causal, share_qk, key_pad, rel_k, rel_v,
+                            exclude_self, logit_scale, dropout_rate, recompute)
 
 
 def routing_statistics(member_count, self_weight, weights):
