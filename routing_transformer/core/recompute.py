@@ -127,16 +127,14 @@ def recompute_function(fn, *tensors, differentiable=1):
   present, fill = _present(tensors)
 
   def call(args):
+    """fn's outputs as a list, and whether fn returned a tuple."""
     outputs = fn(*fill(args))
-    return list(outputs) if isinstance(outputs, tuple) else [outputs]
-
-  several = []  # whether fn returns a tuple (set by the forward call)
+    several = isinstance(outputs, tuple)
+    return (list(outputs) if several else [outputs]), several
 
   @tf.custom_gradient
   def recomputed(*args):
-    outputs = fn(*fill(args))
-    several.append(isinstance(outputs, tuple))
-    outputs = list(outputs) if several[0] else [outputs]
+    outputs, several = call(args)
     outputs = outputs[:differentiable] + [tf.stop_gradient(t) for t in outputs[differentiable:]]
 
     def grad(*dys):  # the side outputs' gradients are dropped
@@ -144,10 +142,10 @@ def recompute_function(fn, *tensors, differentiable=1):
              for t, d in zip(outputs[:differentiable], dys[:differentiable])]
       with tf.control_dependencies(dys), tf.name_scope("recompute"):
         replay = [tf.identity(t) for t in args]  # re-run only once the gradients got here
-        ys = call(replay)[:differentiable]
+        ys = call(replay)[0][:differentiable]
       return tf.gradients(ys, replay, dys)
 
-    return tuple(outputs) if several[0] else outputs[0], grad
+    return tuple(outputs) if several else outputs[0], grad
 
   return recomputed(*[tensors[i] for i in present])
 
