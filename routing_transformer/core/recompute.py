@@ -33,6 +33,12 @@ def _add(a, b):
   return tf.convert_to_tensor(a) + tf.convert_to_tensor(b)
 
 
+def _zeros_for_none(outputs, grads):
+  """The incoming gradients of `outputs`, zeros where one is None: tf.gradients would read a None
+  grad_ys as ones."""
+  return [tf.zeros_like(t) if d is None else d for t, d in zip(outputs, grads)]
+
+
 def recompute_block(fn, inputs, substitutes=None):
   """y, loss = fn(*inputs), recomputed in the backward pass.
 
@@ -60,8 +66,7 @@ def recompute_block(fn, inputs, substitutes=None):
     ys = outputs(y)
 
     def grad(*grad_ys, variables=None):
-      # tf.gradients reads a None grad_ys as ones: an output without gradient gets zeros.
-      dys = [tf.zeros_like(t) if d is None else d for t, d in zip(ys + [loss], grad_ys)]
+      dys = _zeros_for_none(ys + [loss], grad_ys)
       # Re-run only once the gradient got here, from inputs the gradients stop at: a variable fn
       # reads may also lie upstream of an input (another unit's output, whose own custom
       # gradient accounts for it), and tf.gradients would follow that path too.
@@ -138,8 +143,7 @@ def recompute_function(fn, *tensors, differentiable=1):
     outputs = outputs[:differentiable] + [tf.stop_gradient(t) for t in outputs[differentiable:]]
 
     def grad(*dys):  # the side outputs' gradients are dropped
-      dys = [tf.zeros_like(t) if d is None else d
-             for t, d in zip(outputs[:differentiable], dys[:differentiable])]
+      dys = _zeros_for_none(outputs[:differentiable], dys)
       with tf.control_dependencies(dys), tf.name_scope("recompute"):
         replay = [tf.identity(t) for t in args]  # re-run only once the gradients got here
         ys = call(replay)[0][:differentiable]
