@@ -20,8 +20,8 @@ with and without `recompute_layers` and with float32 or bfloat16 activations:
               With recompute: the block inputs (checkpoints) + one block's other activations (the
               block being re-run, whose FFN backward pass computes x W1 and x W2 for 1,024 rows
               at a time) + the embeddings and logits. With --recompute_attention the local heads
-              keep no memory blocks or probabilities and the routing
-              heads no q_hat, gathered clusters or probabilities (q, k, v are counted already).
+              keep no memory blocks or probabilities and the routing heads no q_hat, gathered
+              clusters or probabilities (q, k, v are counted already).
               --recompute_keep heads / qkv (recompute_keep_heads / recompute_keep_qkv, with
               recompute_attention): each block also keeps its heads' output (and with qkv its
               q, k, v), which the re-run block then does not hold again.

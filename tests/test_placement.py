@@ -1,5 +1,7 @@
 """Without a visible GPU, T2T's single-machine data shards and variables go on the CPU (no
 soft-placement colocation warnings); with GPUs T2T's placement is kept."""
+import os
+
 import pytest
 
 import t2t_usr_dir  # pylint: disable=unused-import  (installs the glue)
@@ -57,7 +59,6 @@ def test_cpu_placement_logs_the_onednn_hint_when_onednn_is_off(monkeypatch, enab
 def test_onednn_enabled_reads_tensorflow():
   """TF 2.15 says whether its oneDNN ops are on: a bool, as TF_ENABLE_ONEDNN_OPTS says where it
   is set."""
-  import os  # pylint: disable=g-import-not-at-top
   enabled = t2t_glue.onednn_enabled()
   assert enabled in (True, False)
   choice = os.environ.get("TF_ENABLE_ONEDNN_OPTS")
