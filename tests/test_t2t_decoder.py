@@ -44,7 +44,11 @@ def test_decoder_continues_prompts_from_a_file(trained, data_dir, tmp_path, deco
     assert written_prompt == prompt
     words += text.split()
     assert len(text.split()) <= int(decode_hparams.split("extra_length=")[1].split(",")[0])
-  assert words, "no prompt got a continuation"
+  if "beam_size=1," in decode_hparams:
+    assert words, "no prompt got a continuation"
+  # Beam search may rightly end every prompt at once: the finished hypothesis "EOS now" scores
+  # log p(EOS), the live ones six tokens' summed log-probabilities, and a 10-step model gives EOS
+  # more than that. test_decoding checks beam search itself (forced prompt, beats greedy).
   for word in words:  # every generated token decodes to a real synthetic token
     assert word != "<pad>" and synthetic.token_id(word) >= 0
 
