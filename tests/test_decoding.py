@@ -273,6 +273,28 @@ def test_beam_search_forces_the_prompt_and_beats_greedy(rng):
     assert beam["scores"][row] >= greedy_score - 1e-3
 
 
+@pytest.mark.parametrize("heads,alpha", [({}, 0.0), (LOCAL, 0.6)], ids=["routing", "local"])
+def test_beam_search_gives_each_prompt_what_it_gives_it_alone(rng, heads, alpha):
+  """A short prompt batched with a long one gets the continuation and score it gets alone (T2T's
+  search would run it to the long prompt's end and rank its beams there)."""
+  tf.keras.utils.set_random_seed(7)
+  prompts = [rng.integers(2, VOCAB, n).astype(np.int32) for n in (1, 9, 4)]
+  batch = np.zeros((3, 9), np.int32)
+  for row, prompt in enumerate(prompts):
+    batch[row, :prompt.size] = prompt
+  with tf.Graph().as_default():
+    tf1.set_random_seed(7)
+    model = make_model(small_hparams(**heads))
+    together = decoding.beam_decode(model, {"inputs": tf.constant(batch)}, 6, beam_size=4,
+                                    alpha=alpha)
+    alone = [decoding.beam_decode(model, {"inputs": tf.constant(p[None])}, 6, beam_size=4,
+                                  alpha=alpha) for p in prompts]
+    together, alone = session_run([together, alone])
+  for row in range(3):
+    np.testing.assert_array_equal(together["outputs"][row], alone[row]["outputs"][0])
+    np.testing.assert_allclose(together["scores"][row], alone[row]["scores"][0], rtol=1e-5)
+
+
 def test_sampling_settings_resolve_t2t_defaults_and_overrides():
   hparams = small_hparams()
   assert decoding.sampling_settings(hparams) == (0.0, -1, 0.9)  # argmax: greedy

@@ -277,13 +277,18 @@ def sample_loop(model, features, decode_length, temperature=0.0, top_k=-1, top_p
 def beam_decode(model, features, decode_length, beam_size, top_beams=1, alpha=0.0):
   """Beam search (T2T's beam_search) over the cached decoder; prompts are forced tokens.
 
+  Each row's hypotheses end with a forced EOS right after its decode_length tokens, so they are
+  ranked at that length whatever the other rows' prompts (T2T's search otherwise runs every row
+  to the longest prompt's end and prefers any finished hypothesis to a longer live one). A row
+  whose prompt + decode_length reaches the model's length keeps T2T's ranking.
+
   Returns:
     dict: "outputs" [b, decode_length] (top_beams == 1) or [b, top_beams, decode_length],
     "scores" [b] or [b, top_beams].
   """
   setup = decode_setup(model, features)
   length, batch, prompt_ids, prompt_length, memory_kv, memory_padding, caches, vocab = setup
-  steps = tf.minimum(tf.reduce_max(prompt_length) + decode_length, length)
+  steps = tf.minimum(tf.reduce_max(prompt_length) + decode_length + 1, length)
   states = {"caches": caches, "prompt_ids": prompt_ids, "prompt_length": prompt_length}
   if memory_kv is not None:
     states["memory"] = memory_kv
@@ -305,6 +310,13 @@ def beam_decode(model, features, decode_length, beam_size, top_beams=1, alpha=0.
     one_hot = tf.one_hot(prompt_token, vocab, on_value=0.0, off_value=-1e9)
     logits = tf.where(forced[:, tf.newaxis], one_hot,
                       tf.nn.log_softmax(without_padding(logits)))
+    # At the row's end its beams take EOS, after it PAD: T2T renormalises these logits and keeps
+    # a finished beam's log-probability in its live set, so a later EOS would finish the beam
+    # again under a larger length penalty.
+    end = states["prompt_length"] + decode_length  # [b * beam]
+    after_end = tf.one_hot(tf.where(tf.equal(i, end), EOS_ID, PAD_ID), vocab, on_value=0.0,
+                           off_value=-1e9)
+    logits = tf.where(tf.greater_equal(i, end)[:, tf.newaxis], after_end, logits)
     states = dict(states, caches=caches)
     return logits, states
 
