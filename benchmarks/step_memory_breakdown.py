@@ -30,7 +30,9 @@ hparams on top, e.g. '{"recompute_layers": true}') and reports:
     the bytes alive at the replay's peak, grouped as in (b), forward (kept) and backward
     (transient) apart. An output that aliases one of its node's input buffers (forwarded, a
     view) counts once; a buffer lives from its producer's start to its last consumer's end;
-    variables and constants are left out.
+    variables and constants are left out. The same trace's op time, summed by part of the
+    model (a gradient op counted for the part it differentiates) and by part, creating
+    function, op type and pass: where the step's time goes.
 
 Prints the tables and one JSON line per record; writes
 benchmarks/results/step_memory_breakdown.json. Run it alone (it measures RSS).
@@ -319,6 +321,33 @@ def replay(step_stats, graph_defs):
   return [b for b in buffers if not b["persistent"]]
 
 
+def op_time_by_part(step_stats, labeller, top):
+  """Summed op time (ms) of a traced step: ({part: ms}, rows (part, created by, op type, pass,
+  nodes, ms) largest first, the first `top`). A gradient op counts for the part whose forward op
+  it differentiates; pass is forward, backward or optimizer. Independent ops run side by side,
+  so the sums exceed wall time."""
+  node_ms, node_op = {}, {}
+  for dev in step_stats.dev_stats:
+    for ns in dev.node_stats:
+      ms = max(ns.all_end_rel_micros, ns.op_end_rel_micros) / 1000.0
+      node_ms[ns.node_name] = max(ms, node_ms.get(ns.node_name, 0.0))  # once per node
+      label = ns.timeline_label
+      node_op[ns.node_name] = (label.split("(")[0].split("= ")[-1].strip() if label else "?")
+  parts, rows = collections.Counter(), collections.defaultdict(lambda: [0, 0.0])
+  for name, ms in node_ms.items():
+    part, created, _ = labeller(name)
+    phase = ("backward" if GRADIENT.search(name) else
+             "optimizer" if name.startswith("training/") else "forward")
+    parts[part] += ms
+    row = rows[(part, created, node_op[name], phase)]
+    row[0] += 1
+    row[1] += ms
+  ordered = sorted(rows.items(), key=lambda kv: -kv[1][1])[:top]
+  return ({k: round(v, 1) for k, v in parts.most_common()},
+          [{"part": k[0], "created_by": k[1], "op_type": k[2], "pass": k[3], "nodes": v[0],
+            "ms": round(v[1], 1)} for k, v in ordered])
+
+
 def live_at_peak(buffers):
   """(peak bytes, peak micros, [buffers alive then]) of the replay (frees before allocations
   at equal times)."""
@@ -420,6 +449,9 @@ def main(argv=None):
         "forward_top": group(forward, labeller, args.top)[0],
         "backward_top": group(backward, labeller, args.top)[0],
         "alive_by_part_mib": group(items, labeller, args.top)[1]}
+    time_parts, time_rows = op_time_by_part(metadata.step_stats, labeller, 2 * args.top)
+    record["trace"].update({"op_ms_total": round(sum(time_parts.values()), 1),
+                            "op_ms_by_part": time_parts, "op_ms_top": time_rows})
   common.emit(record)
   print_tables(info, record)
   common.save(args.out, "step_memory_breakdown.json", {"machine": info, "breakdown": record})
@@ -455,6 +487,16 @@ def print_tables(info, r):
           "MiB)" % (t["replay_peak_mib"], t["forward_alive_mib"], t["backward_alive_mib"]))
     tables += [("alive at the replayed peak, forward", t["forward_top"]),
                ("alive at the replayed peak, backward", t["backward_top"])]
+  if "trace" in r:
+    t = r["trace"]
+    print("\ntraced step, summed op time %.0f ms (ops run side by side: above wall time), by "
+          "part: %s" % (t["op_ms_total"], ", ".join("%s %.0f" % kv
+                                                      for kv in t["op_ms_by_part"].items())))
+    print("\n| part | created by | op | pass | nodes | ms | share |\n|---|---|---|---|---|---|---|")
+    for row in t["op_ms_top"]:
+      print("| %s | %s | %s | %s | %d | %.0f | %.3f |" % (
+          row["part"], row["created_by"], row["op_type"], row["pass"], row["nodes"], row["ms"],
+          row["ms"] / t["op_ms_total"]))
   for title, rows in tables:
     print("\n%s:\n\n| part | created by | op | tensors | MiB | largest |\n|---|---|---|---|---|---|"
           % title)

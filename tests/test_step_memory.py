@@ -920,6 +920,35 @@ def test_memory_breakdown_counts_what_the_needed_gradient_ops_read():
            "local heads", "skew < relative_logits")
 
 
+def test_memory_breakdown_sums_op_time_by_part_and_pass():
+  """step_memory_breakdown.op_time_by_part: a node traced on two streams counts once (its
+  longest span), a gradient op counts as backward for the part it differentiates, training/
+  ops as the optimizer, and the op type comes from the timeline label."""
+  from tensorflow.core.framework import step_stats_pb2  # pylint: disable=g-import-not-at-top
+  step_memory_breakdown = benchmark_module("step_memory_breakdown")
+  stats = step_stats_pb2.StepStats()
+  first, second = stats.dev_stats.add(device="cpu:0"), stats.dev_stats.add(device="cpu:0/stream")
+  first.node_stats.add(node_name="ffn/w1/MatMul", all_end_rel_micros=3000,
+                       timeline_label="ffn/w1/MatMul = _MklMatMul(x, w)")
+  second.node_stats.add(node_name="ffn/w1/MatMul", all_end_rel_micros=2000,
+                        timeline_label="ffn/w1/MatMul = _MklMatMul(x, w)")
+  first.node_stats.add(node_name="gradients/ffn/w1/MatMul_grad/MatMul_1", all_end_rel_micros=5000,
+                       op_end_rel_micros=6000,
+                       timeline_label="gradients/ffn/w1/MatMul_grad/MatMul_1 = _MklMatMul(x, dy)")
+  first.node_stats.add(node_name="ffn/gelu/mul", all_end_rel_micros=500,
+                       timeline_label="ffn/gelu/mul = Mul(a, b)")
+  first.node_stats.add(node_name="training/update_w1/mul", all_end_rel_micros=1500,
+                       timeline_label="training/update_w1/mul = Mul(g, lr)")
+  labeller = lambda name: (("optimizer", "adafactor", None) if name.startswith("training/")
+                           else ("feed-forward", "geglu_ffn", 0))
+  parts, rows = step_memory_breakdown.op_time_by_part(stats, labeller, top=10)
+  assert parts == {"feed-forward": 9.5, "optimizer": 1.5}
+  assert [(r["op_type"], r["pass"], r["nodes"], r["ms"]) for r in rows] == [
+      ("_MklMatMul", "backward", 1, 6.0), ("_MklMatMul", "forward", 1, 3.0),
+      ("Mul", "optimizer", 1, 1.5), ("Mul", "forward", 1, 0.5)]
+  assert len(step_memory_breakdown.op_time_by_part(stats, labeller, top=2)[1]) == 2
+
+
 # --- relative positions: the per-distance weights' recomputation -------------------------------
 
 def ancestors(op):
