@@ -692,6 +692,50 @@ def test_causal_window_self_weight_is_a_diagonal_and_look_back_is_not_strided(rn
   assert not strided, strided
 
 
+@pytest.mark.parametrize("dtype", [tf.float64, tf.float32, tf.bfloat16])
+def test_zero_empty_softmax_is_the_zeroed_softmax_and_keeps_only_its_output(rng, dtype):
+  """masked_softmax(..., zero_empty=True) against the softmax of the masked logits followed by
+  zero_empty_rows: the same values (bit for bit in float32 and float64), the same gradient
+  (empty rows get 0), and its backward pass reads one [..., m] tensor, its output, where the
+  softmax-then-product keeps two (the softmax's output for its gradient, the zeroed product for
+  the product with the values)."""
+  step_memory_breakdown = benchmark_module("step_memory_breakdown")
+  logits_np = rng.standard_normal((2, 5, 24)) * 3.0
+  allowed_np = rng.random((2, 5, 24)) < 0.5
+  allowed_np[:, 1] = False  # empty rows
+  cotangent_np = rng.standard_normal((2, 5, 3))
+  graph = tf.Graph()
+  with graph.as_default():
+    logits = tf.exp(tf.constant(logits_np, dtype)) - 1.0  # an op: its kept outputs are counted
+    allowed, cotangent = tf.constant(allowed_np), tf.constant(cotangent_np, dtype)
+    v = tf.exp(tf.constant(rng.standard_normal((2, 24, 3)), dtype))
+    got = common.masked_softmax(logits, allowed, zero_empty=True)
+    wide = tf.float32 if dtype == tf.bfloat16 else dtype
+    want = tf.cast(common.zero_empty_rows(common.masked_softmax(tf.cast(logits, wide), allowed),
+                                          allowed), dtype)
+    dgot, dv_got = tf1.gradients(tf.reduce_sum(tf.cast(tf.matmul(got, v) * cotangent, wide)),
+                                 [logits, v])
+    dwant, dv_want = tf1.gradients(
+        tf.reduce_sum(tf.cast(tf.matmul(want, v) * cotangent, wide)), [logits, v])
+    kept_got = step_memory_breakdown.kept_for_backward(graph, [dgot, dv_got])[0]
+    kept_want = step_memory_breakdown.kept_for_backward(graph, [dwant, dv_want])[0]
+    with tf1.Session(graph=graph) as sess:
+      values = sess.run([tf.cast(x, tf.float64) for x in (got, want, dgot, dwant)])
+  got_v, want_v, dgot_v, dwant_v = values
+  assert got.dtype == dtype and dgot.dtype == dtype
+  assert not got_v[:, 1].any() and not dgot_v[:, 1].any()
+  if dtype == tf.bfloat16:  # float32 inside, rounded once
+    np.testing.assert_array_equal(got_v, want_v)
+    np.testing.assert_allclose(dgot_v, dwant_v, rtol=0.02, atol=0.02)
+  else:
+    np.testing.assert_array_equal(got_v, want_v)
+    np.testing.assert_allclose(dgot_v, dwant_v, rtol=1e-5 if dtype == tf.float32 else 1e-12,
+                               atol=1e-7 if dtype == tf.float32 else 1e-15)
+  row_sized = lambda kept: sorted(v[2] for v in kept.values() if v[3][-1] == 24)
+  assert len(row_sized(kept_got)) == 1, kept_got
+  assert len(row_sized(kept_want)) == 2, kept_want
+
+
 def test_ordered_softmax_equals_the_softmax_and_its_gradient(rng):
   """common.ordered_softmax (causal_window's: a sequential denominator) against tf.nn.softmax of
   the masked logits, float64: values and gradients; a row with nothing allowed is uniform as

@@ -21,11 +21,12 @@ def mask_value(dtype):
   return tf.constant(-0.7 * dtype.max, dtype=dtype)
 
 
-def masked_softmax(logits, allowed):
+def masked_softmax(logits, allowed, zero_empty=False):
   """Softmax over the last axis restricted to `allowed` (masked entries get probability 0).
 
-  A row with nothing allowed comes out uniform; callers that can produce such rows (only with
-  padding) clear them with `zero_empty_rows`.
+  A row with nothing allowed comes out uniform, or 0 with `zero_empty` (what callers that can
+  produce such rows, only with padding, ask for: `zero_empty_rows` of the probabilities, which
+  then keep nothing but their own values for the backward pass, `kept_output_softmax`).
 
   Low-precision logits (bfloat16, float16: hparam `activation_dtype`) are masked and normalised
   in float32 (`float32_softmax`); the probabilities come back in the logits' dtype.
@@ -33,34 +34,47 @@ def masked_softmax(logits, allowed):
   Args:
     logits: [..., m] float tensor.
     allowed: bool tensor broadcastable to logits.
+    zero_empty: Python bool.
   Returns:
     [..., m] probabilities of the logits' dtype.
   """
-  if logits.dtype.base_dtype in norm.LOW_PRECISION:
-    return float32_softmax(logits, allowed)
+  if zero_empty or logits.dtype.base_dtype in norm.LOW_PRECISION:
+    return kept_output_softmax(logits, allowed, zero_empty)
   return tf.nn.softmax(tf.where(allowed, logits, mask_value(logits.dtype)))
 
 
 def float32_softmax(logits, allowed):
   """`masked_softmax` of low-precision logits computed in float32, the probabilities rounded
-  back to the logits' dtype. The backward pass keeps only those rounded probabilities p (not a
-  float32 copy) and computes dlogits = p (dp - sum(dp p)) in float32.
+  back to the logits' dtype (`kept_output_softmax`)."""
+  return kept_output_softmax(logits, allowed)
+
+
+def kept_output_softmax(logits, allowed, zero_empty=False):
+  """`masked_softmax` whose backward pass keeps only its output p (in the logits' dtype) and
+  computes dlogits = p (dp - sum(dp p)), in float32 for low-precision logits (no float32 copy
+  kept). With `zero_empty` the rows with nothing allowed are 0 in p (`zero_empty_rows`): their
+  gradient is 0, as through the zeroing's product, and neither the uniform rows' probabilities
+  nor a second [..., m] tensor is kept.
 
   Args:
-    logits: [..., m] bfloat16 / float16 tensor.
+    logits: [..., m] float tensor.
     allowed: bool tensor broadcastable to logits.
+    zero_empty: Python bool.
   Returns:
     [..., m] probabilities of the logits' dtype.
   """
   dtype = logits.dtype.base_dtype
+  wide = tf.float32 if dtype in norm.LOW_PRECISION else dtype
 
   @tf.custom_gradient
   def softmax(x):
-    wide = tf.where(allowed, tf.cast(x, tf.float32), mask_value(tf.float32))
-    probs = tf.cast(tf.nn.softmax(wide), dtype)
+    probs = tf.nn.softmax(tf.where(allowed, tf.cast(x, wide), mask_value(wide)))
+    if zero_empty:
+      probs = zero_empty_rows(probs, allowed)
+    probs = tf.cast(probs, dtype)
 
     def grad(dprobs):
-      p, dp = tf.cast(probs, tf.float32), tf.cast(dprobs, tf.float32)
+      p, dp = tf.cast(probs, wide), tf.cast(dprobs, wide)
       return tf.cast(p * (dp - tf.reduce_sum(dp * p, axis=-1, keepdims=True)), dtype)
 
     return probs, grad
@@ -136,7 +150,7 @@ def scale_logits(logits, scale):
 def zero_empty_rows(x, allowed):
   """Sets x[..., i, :] to 0 where row i of `allowed` ([..., q, m]) has no allowed key.
 
-  Applied to the probabilities (where a row with nothing allowed comes out uniform) before the
+  Applied (through `masked_softmax(..., zero_empty=True)`) to the probabilities (where a row with nothing allowed comes out uniform) before the
   value and relative-value products: with causal relative values, `unskew` would carry such a
   row's weights on keys after its query into the distances of the next rows."""
   return x * tf.cast(tf.reduce_any(allowed, axis=-1, keepdims=True), x.dtype)

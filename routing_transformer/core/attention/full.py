@@ -102,10 +102,10 @@ def causal_full_attention(q, k, v, relative_keys=None, relative_values=None, pad
     allowed = tf.concat(allowed, axis=1)[tf.newaxis, tf.newaxis]
     if keep is not None:
       allowed = tf.logical_and(allowed, common.slice_axis(keep, 3, 0, start + width))
+    # A query whose allowed keys are all padding gets 0.
     probs = common.attention_dropout(
-        common.masked_softmax(tf.concat(logits, axis=-1), allowed), dropout_rate)
-    if pad is not None:  # a query whose allowed keys are all padding gets 0
-      probs = common.zero_empty_rows(probs, allowed)
+        common.masked_softmax(tf.concat(logits, axis=-1), allowed, zero_empty=pad is not None),
+        dropout_rate)
     band_probs = common.slice_axis(probs, 3, start, width)
     out = tf.einsum("bhqk,bhkd->bhqd", band_probs, v_band)
     if start:

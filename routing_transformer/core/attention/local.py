@@ -106,9 +106,9 @@ def local_attention(q, k, v, block_length, flange, causal=True, relative_keys=No
                                after)  # [b, 1, nb, W]
     allowed = tf.logical_and(allowed, tf.equal(pad_memory, 0)[:, :, :, tf.newaxis, :])
 
-  probs = common.attention_dropout(common.masked_softmax(logits, allowed), dropout_rate)
-  if pad is not None:  # a query whose allowed keys are all padding gets 0
-    probs = common.zero_empty_rows(probs, allowed)
+  # A query whose allowed keys are all padding gets 0.
+  probs = common.attention_dropout(
+      common.masked_softmax(logits, allowed, zero_empty=pad is not None), dropout_rate)
   out = tf.einsum("bhnqk,bhnkd->bhnqd", probs, v_memory)
   if relative_values is not None:
     out += common.relative_outputs(probs, relative_values, 0, -flange, causal=causal)

@@ -252,10 +252,9 @@ def cluster_attention(aux, v, window, causal, key_padding=None, relative_keys=No
     is_self = tf.eye(window, dtype=tf.bool) if members_shared else tf.equal(
         query_indices[..., :, tf.newaxis], key_indices[..., tf.newaxis, :])
     allowed = common.exclude_self(tf.broadcast_to(allowed, tf.shape(logits)), is_self)
-  probs = common.masked_softmax(logits, allowed)
+  # A query whose allowed keys are all padding gets 0.
+  probs = common.masked_softmax(logits, allowed, zero_empty=key_padding is not None)
   dropped = common.attention_dropout(probs, dropout_rate)
-  if key_padding is not None:  # a query whose allowed keys are all padding gets 0
-    dropped = common.zero_empty_rows(dropped, allowed)
   out_c = tf.matmul(dropped, v_c)
   if relative_values is not None:
     out_c += common.relative_outputs(dropped, relative_values, 0, 0, causal=causal)
