@@ -21,6 +21,7 @@ The same tiny models (the registered sets `routing_transformer_test`, `..._causa
   set keeps float32.
 """
 import collections
+import re
 
 import numpy as np
 import pytest
@@ -95,9 +96,10 @@ def cosine(a, b):
 
 
 def forward_ops(graph, op_type):
-  """Ops of `op_type` of the forward pass (not the gradient ops)."""
+  """Ops of `op_type` of the forward pass (not the gradient ops, nor the ops a custom gradient
+  builds inside a gradients/ scope, e.g. `local.memory_product`'s rebuilt blocks)."""
   return [op for op in graph.get_operations()
-          if op.type == op_type and not op.name.startswith("gradients")]
+          if op.type == op_type and not re.search(r"(^|/)gradients(_\d+)?/", op.name)]
 
 
 def variables_behind(tensor, depth=8):

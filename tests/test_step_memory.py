@@ -22,6 +22,7 @@ from routing_transformer.core import norm
 from routing_transformer.core import recompute
 from routing_transformer.core.attention import causal_window as cw
 from routing_transformer.core.attention import common
+from routing_transformer.core.attention import local
 from routing_transformer.core.attention import routing
 from routing_transformer.t2t import model as model_lib
 from tensor2tensor.layers import common_layers
@@ -734,6 +735,35 @@ def test_zero_empty_softmax_is_the_zeroed_softmax_and_keeps_only_its_output(rng,
   row_sized = lambda kept: sorted(v[2] for v in kept.values() if v[3][-1] == 24)
   assert len(row_sized(kept_got)) == 1, kept_got
   assert len(row_sized(kept_want)) == 2, kept_want
+
+
+@pytest.mark.parametrize("before,after", [(1, 0), (2, 0), (1, 1)])
+def test_memory_product_rebuilds_the_blocks_for_its_gradient(rng, before, after):
+  """local.memory_product against tf.einsum of local.memory_blocks: the same values and the same
+  gradients of both operands bit for bit (the same ops run), and its backward pass reads x
+  [b, h, n, d], not the blocks [b, h, nb, W, d]."""
+  step_memory_breakdown = benchmark_module("step_memory_breakdown")
+  block, width = 4, (before + 1 + after) * 4
+  graph = tf.Graph()
+  with graph.as_default():
+    a = tf.exp(tf.constant(rng.standard_normal((2, 3, 5, block, 6)), tf.float32))
+    x = tf.exp(tf.constant(rng.standard_normal((2, 3, 5 * block, 6)), tf.float32))
+    cotangent = tf.constant(rng.standard_normal((2, 3, 5, block, width)), tf.float32)
+    equation = "bhnqd,bhnkd->bhnqk"
+    got = local.memory_product(equation, a, x, block, before, after)
+    want = tf.einsum(equation, a, local.memory_blocks(x, block, before, after))
+    dgot = tf1.gradients(tf.reduce_sum(got * cotangent), [a, x])
+    dwant = tf1.gradients(tf.reduce_sum(want * cotangent), [a, x])
+    kept_got = step_memory_breakdown.kept_for_backward(graph, dgot)[0]
+    kept_want = step_memory_breakdown.kept_for_backward(graph, dwant)[0]
+    with tf1.Session(graph=graph) as sess:
+      values = sess.run([got, want] + dgot + dwant)
+  np.testing.assert_array_equal(values[0], values[1])
+  np.testing.assert_array_equal(values[2], values[4])
+  np.testing.assert_array_equal(values[3], values[5])
+  shapes = lambda kept: sorted(v[3] for v in kept.values() if v[0] > 200)
+  assert shapes(kept_got) == [[2, 3, 5, block, 6], [2, 3, 5 * block, 6]], kept_got
+  assert shapes(kept_want) == [[2, 3, 5, block, 6], [2, 3, 5, width, 6]], kept_want
 
 
 def test_ordered_softmax_equals_the_softmax_and_its_gradient(rng):

@@ -48,6 +48,35 @@ def memory_blocks(x, block_length, before, after):
                     for j in range(before + 1 + after)], axis=3)
 
 
+def memory_product(equation, a, x, block_length, before, after):
+  """tf.einsum(equation, a, memory_blocks(x, ...)) whose backward pass rebuilds the memory
+  blocks from x instead of keeping them: it keeps a and x, where the plain product keeps a and
+  the blocks ((before + 1 + after) times x's size). The gradients are TF's own for the plain
+  ops (a tape over the rebuilt blocks; the product it records is not needed by them, so a graph
+  or tf.function does not run it; eagerly it runs once more).
+
+  Args:
+    equation: einsum equation whose second operand is the memory blocks [b, h, nb, W, d].
+    a: the first operand; x: [b, h, n, d].
+    block_length, before, after: as `memory_blocks`.
+  Returns:
+    The product.
+  """
+  blocks = lambda t: memory_blocks(t, block_length, before, after)
+
+  @tf.custom_gradient
+  def product(a, x):
+    def grad(dout):
+      with tf.GradientTape() as tape:
+        tape.watch([a, x])
+        again = tf.einsum(equation, a, blocks(x))
+      return tape.gradient(again, [a, x], output_gradients=dout)
+
+    return tf.einsum(equation, a, blocks(x)), grad
+
+  return product(a, x)
+
+
 def local_attention(q, k, v, block_length, flange, causal=True, relative_keys=None,
                     relative_values=None, padding=None, scale=None, dropout_rate=0.0):
   """Blocked local self-attention with optional Shaw relative positions.
@@ -83,9 +112,8 @@ def local_attention(q, k, v, block_length, flange, causal=True, relative_keys=No
   after = 0 if causal else before
 
   q_blocks = tf.reshape(q * scale, [-1, heads, num_blocks, block_length, depth])
-  k_memory = memory_blocks(k, block_length, before, after)  # [b, h, nb, W, d]
-  v_memory = memory_blocks(v, block_length, before, after)
-  logits = tf.einsum("bhnqd,bhnkd->bhnqk", q_blocks, k_memory)
+  # q_blocks . memory_blocks(k) [b, h, nb, bq, W]; the backward pass rebuilds the blocks
+  logits = memory_product("bhnqd,bhnkd->bhnqk", q_blocks, k, block_length, before, after)
 
   query_offsets = tf.range(block_length)
   key_offsets = tf.range((before + 1 + after) * block_length) - flange  # from the block start
@@ -109,7 +137,7 @@ def local_attention(q, k, v, block_length, flange, causal=True, relative_keys=No
   # A query whose allowed keys are all padding gets 0.
   probs = common.attention_dropout(
       common.masked_softmax(logits, allowed, zero_empty=pad is not None), dropout_rate)
-  out = tf.einsum("bhnqk,bhnkd->bhnqd", probs, v_memory)
+  out = memory_product("bhnqk,bhnkd->bhnqd", probs, v, block_length, before, after)
   if relative_values is not None:
     out += common.relative_outputs(probs, relative_values, 0, -flange, causal=causal)
   return tf.reshape(out, [-1, heads, n, v.shape[-1]])
