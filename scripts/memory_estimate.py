@@ -10,9 +10,9 @@ with and without `recompute_layers` and with float32 or bfloat16 activations:
               vectors) and the k-means state (means, ema_count, ema_means)
   activations the forward tensors the backward pass reads, counted per op as our TF graph
               saves them (no fusion): per block its input, q/k/v (with share_qk without the
-              routing heads' keys, which are not computed), the local heads' key/value memory
-              blocks (block + flange), attention probabilities, the head_dense / output_transform
-              inputs, both post-norm LayerNorms, the FFN input and GEGLU's two matmul outputs
+              routing heads' keys, which are not computed; the local heads' key/value memory
+              blocks are rebuilt from k and v), attention probabilities, the head_dense /
+              output_transform inputs, both post-norm LayerNorms, the FFN input and GEGLU's two matmul outputs
               x W1 and x W2 (its custom gradient recomputes gelu and the product); outside the
               blocks the embeddings and the logits over the vocabulary (logits and the softmax the
               cross-entropy gradient reads, float32; with --logits_chunk_size those of one chunk
@@ -20,7 +20,7 @@ with and without `recompute_layers` and with float32 or bfloat16 activations:
               With recompute: the block inputs (checkpoints) + one block's other activations (the
               block being re-run, whose FFN backward pass computes x W1 and x W2 for 1,024 rows
               at a time) + the embeddings and logits. With --recompute_attention the local heads
-              keep no memory blocks or probabilities and the routing heads no q_hat, gathered
+              keep no probabilities and the routing heads no q_hat, gathered
               clusters or probabilities (q, k, v are counted already).
               --recompute_keep heads / qkv (recompute_keep_heads / recompute_keep_qkv, with
               recompute_attention): each block also keeps its heads' output (and with qkv its
@@ -129,13 +129,13 @@ def layer_activation_bytes(cfg, i, act, f32=4, recompute_attention=False):
   routing, local, d = layer_heads(cfg, i)
   routing_kept = 3  # q_hat and the gathered q and v
   if recompute_attention:
-    local = 0  # neither memory blocks nor probabilities kept
+    local = 0  # no probabilities kept
     routing_kept = 0  # the normalisation and cluster attention re-run from q, k, v
   memory_width = cfg["flange"] + cfg["block"]  # causal: the block and its flange
+  # (the key/value memory blocks are rebuilt from k and v in the backward pass: not kept)
   out = {
       "block input": n * h * act,
       "q, k, v": (3 * h - (routing * d if cfg["share_qk"] else 0)) * n * act,
-      "local key/value memory blocks": 2 * local * n * (memory_width // cfg["block"]) * d * act,
       "local attention probabilities": local * n * memory_width * f32,
       "routing q_hat and gathered q, v": routing * routing_kept * n * d * act,
       "routing attention probabilities": (0 if recompute_attention else
