@@ -766,6 +766,28 @@ def test_memory_product_rebuilds_the_blocks_for_its_gradient(rng, before, after)
   assert shapes(kept_want) == [[2, 3, 5, block, 6], [2, 3, 5, width, 6]], kept_want
 
 
+def test_times_constant_keeps_nothing_for_its_gradient(rng):
+  """common.times_constant(x, c): x * c bit for bit, the same gradient, and with gate_gradients
+  (T2T's optimizer gates each op's input gradients together) its backward pass reads nothing,
+  where the plain Mul's gradient for the constant, sum(x dy), runs and keeps x."""
+  step_memory_breakdown = benchmark_module("step_memory_breakdown")
+  graph = tf.Graph()
+  with graph.as_default():
+    a, b = (tf.constant(rng.standard_normal((4, 64)), tf.float32) for _ in range(2))
+    x = a + b
+    plain, ours = x * 0.125, common.times_constant(x, 0.125)
+    assert common.times_constant(x, 1.0) is x
+    dplain = tf1.gradients(tf.reduce_sum(plain * plain), [a], gate_gradients=True)
+    dours = tf1.gradients(tf.reduce_sum(ours * ours), [a], gate_gradients=True)
+    kept_plain = step_memory_breakdown.kept_for_backward(graph, dplain)[0]
+    kept_ours = step_memory_breakdown.kept_for_backward(graph, dours)[0]
+    with tf1.Session(graph=graph) as sess:
+      values = sess.run([plain, ours] + dplain + dours)
+  np.testing.assert_array_equal(values[0], values[1])
+  np.testing.assert_array_equal(values[2], values[3])
+  assert x.name in kept_plain and x.name not in kept_ours, (kept_plain, kept_ours)
+
+
 def test_ordered_softmax_equals_the_softmax_and_its_gradient(rng):
   """common.ordered_softmax (causal_window's: a sequential denominator) against tf.nn.softmax of
   the masked logits, float64: values and gradients; a row with nothing allowed is uniform as

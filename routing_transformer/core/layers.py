@@ -161,7 +161,7 @@ def projections(x, hparams, layer_index):
       y = None
       if columns is not None:
         y = heads.split_heads(apply_kernel(x, columns), sizes[kind] // depth)
-        y = y * depth ** -0.5 if name == "q" else y
+        y = attention.common.times_constant(y, depth ** -0.5) if name == "q" else y
       kinds[kind].append(y)
   return tuple(tuple(t) if size else None for t, size in zip(kinds, sizes))
 

@@ -137,6 +137,28 @@ def exclude_self(allowed, is_self):
   return tf.where(tf.reduce_any(others, axis=-1, keepdims=True), others, allowed)
 
 
+def times_constant(x, factor):
+  """x * factor for a Python number `factor`; 1 returns x itself. The gradient is dy * factor
+  only: TF's Mul gradient also computes the factor's, sum(x dy), which an optimizer's
+  gate_gradients=GATE_OP (T2T's) runs, so the plain product keeps x for the backward pass.
+
+  Args:
+    x: float tensor; factor: Python int or float (anything else: the plain product).
+  Returns:
+    x * factor, the same values as the plain product.
+  """
+  if not isinstance(factor, (int, float)) or isinstance(factor, bool):
+    return x * factor
+  if factor == 1:
+    return x
+
+  @tf.custom_gradient
+  def product(t):
+    return t * factor, lambda dy: dy * factor
+
+  return product(x)
+
+
 def scale_logits(logits, scale):
   """logits [b, h, ...] times `scale`: None (unchanged), a float, or a per-head tensor [h]."""
   if scale is None:

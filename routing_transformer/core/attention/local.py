@@ -111,7 +111,8 @@ def local_attention(q, k, v, block_length, flange, causal=True, relative_keys=No
   before = flange // block_length
   after = 0 if causal else before
 
-  q_blocks = tf.reshape(q * scale, [-1, heads, num_blocks, block_length, depth])
+  q_blocks = tf.reshape(common.times_constant(q, scale), [-1, heads, num_blocks, block_length,
+                                                          depth])
   # q_blocks . memory_blocks(k) [b, h, nb, bq, W]; the backward pass rebuilds the blocks
   logits = memory_product("bhnqd,bhnkd->bhnqk", q_blocks, k, block_length, before, after)
 
