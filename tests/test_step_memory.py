@@ -693,6 +693,21 @@ def test_causal_window_self_weight_is_a_diagonal_and_look_back_is_not_strided(rn
   assert not strided, strided
 
 
+def kept_and_values(graph, got, want, wrt, loss, gate_gradients=False, dtype=None):
+  """Gradients of loss(got) and of loss(want) with respect to `wrt` in `graph`: (the forward
+  tensors each backward pass reads, step_memory_breakdown.kept_for_backward, for got and for
+  want; the values [got, want, *dgot, *dwant], cast to `dtype` when given)."""
+  step_memory_breakdown = benchmark_module("step_memory_breakdown")
+  with graph.as_default():
+    dgot = tf1.gradients(loss(got), wrt, gate_gradients=gate_gradients)
+    dwant = tf1.gradients(loss(want), wrt, gate_gradients=gate_gradients)
+    kept = [step_memory_breakdown.kept_for_backward(graph, d)[0] for d in (dgot, dwant)]
+    fetches = [got, want] + dgot + dwant
+    with tf1.Session(graph=graph) as sess:
+      values = sess.run([tf.cast(t, dtype) for t in fetches] if dtype else fetches)
+  return kept[0], kept[1], values
+
+
 @pytest.mark.parametrize("dtype", [tf.float64, tf.float32, tf.bfloat16])
 def test_zero_empty_softmax_is_the_zeroed_softmax_and_keeps_only_its_output(rng, dtype):
   """masked_softmax(..., zero_empty=True) against the softmax of the masked logits followed by
@@ -700,7 +715,6 @@ def test_zero_empty_softmax_is_the_zeroed_softmax_and_keeps_only_its_output(rng,
   (empty rows get 0), and its backward pass reads one [..., m] tensor, its output, where the
   softmax-then-product keeps two (the softmax's output for its gradient, the zeroed product for
   the product with the values)."""
-  step_memory_breakdown = benchmark_module("step_memory_breakdown")
   logits_np = rng.standard_normal((2, 5, 24)) * 3.0
   allowed_np = rng.random((2, 5, 24)) < 0.5
   allowed_np[:, 1] = False  # empty rows
@@ -714,16 +728,11 @@ def test_zero_empty_softmax_is_the_zeroed_softmax_and_keeps_only_its_output(rng,
     wide = tf.float32 if dtype == tf.bfloat16 else dtype
     want = tf.cast(common.zero_empty_rows(common.masked_softmax(tf.cast(logits, wide), allowed),
                                           allowed), dtype)
-    dgot, dv_got = tf1.gradients(tf.reduce_sum(tf.cast(tf.matmul(got, v) * cotangent, wide)),
-                                 [logits, v])
-    dwant, dv_want = tf1.gradients(
-        tf.reduce_sum(tf.cast(tf.matmul(want, v) * cotangent, wide)), [logits, v])
-    kept_got = step_memory_breakdown.kept_for_backward(graph, [dgot, dv_got])[0]
-    kept_want = step_memory_breakdown.kept_for_backward(graph, [dwant, dv_want])[0]
-    with tf1.Session(graph=graph) as sess:
-      values = sess.run([tf.cast(x, tf.float64) for x in (got, want, dgot, dwant)])
-  got_v, want_v, dgot_v, dwant_v = values
-  assert got.dtype == dtype and dgot.dtype == dtype
+  kept_got, kept_want, values = kept_and_values(
+      graph, got, want, [logits, v],
+      lambda p: tf.reduce_sum(tf.cast(tf.matmul(p, v) * cotangent, wide)), dtype=tf.float64)
+  got_v, want_v, dgot_v, dwant_v = values[0], values[1], values[2], values[4]
+  assert got.dtype == dtype
   assert not got_v[:, 1].any() and not dgot_v[:, 1].any()
   if dtype == tf.bfloat16:  # float32 inside, rounded once
     np.testing.assert_array_equal(got_v, want_v)
@@ -742,7 +751,6 @@ def test_memory_product_rebuilds_the_blocks_for_its_gradient(rng, before, after)
   """local.memory_product against tf.einsum of local.memory_blocks: the same values and the same
   gradients of both operands bit for bit (the same ops run), and its backward pass reads x
   [b, h, n, d], not the blocks [b, h, nb, W, d]."""
-  step_memory_breakdown = benchmark_module("step_memory_breakdown")
   block, width = 4, (before + 1 + after) * 4
   graph = tf.Graph()
   with graph.as_default():
@@ -752,12 +760,8 @@ def test_memory_product_rebuilds_the_blocks_for_its_gradient(rng, before, after)
     equation = "bhnqd,bhnkd->bhnqk"
     got = local.memory_product(equation, a, x, block, before, after)
     want = tf.einsum(equation, a, local.memory_blocks(x, block, before, after))
-    dgot = tf1.gradients(tf.reduce_sum(got * cotangent), [a, x])
-    dwant = tf1.gradients(tf.reduce_sum(want * cotangent), [a, x])
-    kept_got = step_memory_breakdown.kept_for_backward(graph, dgot)[0]
-    kept_want = step_memory_breakdown.kept_for_backward(graph, dwant)[0]
-    with tf1.Session(graph=graph) as sess:
-      values = sess.run([got, want] + dgot + dwant)
+  kept_got, kept_want, values = kept_and_values(
+      graph, got, want, [a, x], lambda y: tf.reduce_sum(y * cotangent))
   np.testing.assert_array_equal(values[0], values[1])
   np.testing.assert_array_equal(values[2], values[4])
   np.testing.assert_array_equal(values[3], values[5])
@@ -770,19 +774,14 @@ def test_times_constant_keeps_nothing_for_its_gradient(rng):
   """common.times_constant(x, c): x * c bit for bit, the same gradient, and with gate_gradients
   (T2T's optimizer gates each op's input gradients together) its backward pass reads nothing,
   where the plain Mul's gradient for the constant, sum(x dy), runs and keeps x."""
-  step_memory_breakdown = benchmark_module("step_memory_breakdown")
   graph = tf.Graph()
   with graph.as_default():
     a, b = (tf.constant(rng.standard_normal((4, 64)), tf.float32) for _ in range(2))
     x = a + b
     plain, ours = x * 0.125, common.times_constant(x, 0.125)
     assert common.times_constant(x, 1.0) is x
-    dplain = tf1.gradients(tf.reduce_sum(plain * plain), [a], gate_gradients=True)
-    dours = tf1.gradients(tf.reduce_sum(ours * ours), [a], gate_gradients=True)
-    kept_plain = step_memory_breakdown.kept_for_backward(graph, dplain)[0]
-    kept_ours = step_memory_breakdown.kept_for_backward(graph, dours)[0]
-    with tf1.Session(graph=graph) as sess:
-      values = sess.run([plain, ours] + dplain + dours)
+  kept_ours, kept_plain, values = kept_and_values(
+      graph, ours, plain, [a], lambda y: tf.reduce_sum(y * y), gate_gradients=True)
   np.testing.assert_array_equal(values[0], values[1])
   np.testing.assert_array_equal(values[2], values[3])
   assert x.name in kept_plain and x.name not in kept_ours, (kept_plain, kept_ours)
