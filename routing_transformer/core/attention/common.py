@@ -25,8 +25,8 @@ def masked_softmax(logits, allowed, zero_empty=False):
   """Softmax over the last axis restricted to `allowed` (masked entries get probability 0).
 
   A row with nothing allowed comes out uniform, or 0 with `zero_empty` (what callers that can
-  produce such rows, only with padding, ask for: `zero_empty_rows` of the probabilities, which
-  then keep nothing but their own values for the backward pass, `kept_output_softmax`).
+  produce such rows, only with padding, ask for: `zero_empty_rows` of the probabilities). The
+  backward pass keeps only the probabilities and the mask (`kept_output_softmax`).
 
   Low-precision logits (bfloat16, float16: hparam `activation_dtype`) are masked and normalised
   in float32 (`float32_softmax`); the probabilities come back in the logits' dtype.
@@ -38,9 +38,7 @@ def masked_softmax(logits, allowed, zero_empty=False):
   Returns:
     [..., m] probabilities of the logits' dtype.
   """
-  if zero_empty or logits.dtype.base_dtype in norm.LOW_PRECISION:
-    return kept_output_softmax(logits, allowed, zero_empty)
-  return tf.nn.softmax(tf.where(allowed, logits, mask_value(logits.dtype)))
+  return kept_output_softmax(logits, allowed, zero_empty)
 
 
 def float32_softmax(logits, allowed):
@@ -51,10 +49,12 @@ def float32_softmax(logits, allowed):
 
 def kept_output_softmax(logits, allowed, zero_empty=False):
   """`masked_softmax` whose backward pass keeps only its output p (in the logits' dtype) and
-  computes dlogits = p (dp - sum(dp p)), in float32 for low-precision logits (no float32 copy
-  kept). With `zero_empty` the rows with nothing allowed are 0 in p (`zero_empty_rows`): their
-  gradient is 0, as through the zeroing's product, and neither the uniform rows' probabilities
-  nor a second [..., m] tensor is kept.
+  the mask, and computes dlogits = p (dp - sum(dp p)) (TF's softmax gradient), 0 where masked
+  (as through the masking `where`; p is 0 there except in a row with nothing allowed), in
+  float32 for low-precision logits (no float32 copy kept): neither the masked logits nor the
+  `where`'s zeros exist in the backward pass. With `zero_empty` the rows with nothing allowed
+  are 0 in p (`zero_empty_rows`): their gradient is 0, as through the zeroing's product, and
+  neither the uniform rows' probabilities nor a second [..., m] tensor is kept.
 
   Args:
     logits: [..., m] float tensor.
@@ -75,7 +75,10 @@ def kept_output_softmax(logits, allowed, zero_empty=False):
 
     def grad(dprobs):
       p, dp = tf.cast(probs, wide), tf.cast(dprobs, wide)
-      return tf.cast(p * (dp - tf.reduce_sum(dp * p, axis=-1, keepdims=True)), dtype)
+      dx = p * (dp - tf.reduce_sum(dp * p, axis=-1, keepdims=True))
+      if not zero_empty:  # a uniform row's masked entries: 0, as through the masking `where`
+        dx = tf.where(allowed, dx, tf.zeros([], wide))
+      return tf.cast(dx, dtype)
 
     return probs, grad
 
