@@ -5,6 +5,8 @@ causal_window scoring (the self weight read off a diagonal, the look-back block 
 the recomputed attention of the local and the routing heads (`recompute_attention`); and each
 keeps less alive for the backward pass (read off the graph: which forward tensors the gradient
 ops read)."""
+import contextlib
+import functools
 import importlib
 import os
 import sys
@@ -19,6 +21,7 @@ from routing_transformer.core import chunked_loss
 from routing_transformer.core import heads
 from routing_transformer.core import layers
 from routing_transformer.core import norm
+from routing_transformer.core import rebuild
 from routing_transformer.core import recompute
 from routing_transformer.core.attention import causal_window as cw
 from routing_transformer.core.attention import common
@@ -1130,6 +1133,133 @@ def test_layer_norm_backward_keeps_only_its_input_and_waits_for_the_gradient():
   kept = saved_for_backward(graph, size) - {seed}
   assert len(kept) == 1 and graph.get_tensor_by_name(kept.pop()).op.type == "Const", kept
   assert not gradient_ops_before_the_backward_pass(graph, fetches[1:], size)
+
+
+def rebuilt_norm_graph(rng, rebuilt, dtype):
+  """x -> two layer norms; the first read by three dense products (as q, k, v), the second by the
+  GEGLU block; built with `rebuild` marking the norms' outputs or not (`rebuild.off`).
+  Returns (graph, [y, z] the norms' outputs, [out, *gradients])."""
+  graph = tf.Graph()
+  with graph.as_default():
+    x = tf.exp(tf.constant(rng.standard_normal((2, 6, 8)), dtype), name="x")
+    scale, bias = [tf.constant(rng.standard_normal(8) * 0.1 + m, dtype) for m in (1.0, 0.0)]
+    kernels = [tf.constant(rng.standard_normal(shape) * 0.3, dtype)
+               for shape in [(8, 8)] * 3 + [(8, 16), (8, 16), (16, 8)]]
+    with contextlib.nullcontext() if rebuilt else rebuild.off():
+      y = norm.layer_norm(x, scale, bias)
+      z = norm.layer_norm(x * x, scale, bias)
+    out = tf.add_n([layers.apply_kernel(y, k) for k in kernels[:3]] +
+                   [layers.geglu_ffn(z, *kernels[3:], chunk_rows=5)])
+    seed = tf.identity(tf.constant(rng.standard_normal(out.shape), dtype), name="seed")
+    grads = tf1.gradients(out, [x, scale, bias] + kernels, grad_ys=seed)
+  return graph, [y, z], [out] + grads
+
+
+@pytest.mark.parametrize("dtype", [tf.float64, tf.float32])
+def test_dense_and_geglu_gradients_rebuild_the_norm_output_bit_for_bit(dtype):
+  """The kernel gradients of dense products and of the GEGLU block read a layer norm's output
+  rebuilt from the norm's input after the incoming gradient (`rebuild.for_gradient`, one re-run
+  per norm shared by the three products): the same values and gradients bit for bit as with the
+  output kept (`rebuild.off`), and neither norm output is kept, only x."""
+  step_memory_breakdown = benchmark_module("step_memory_breakdown")
+  fetched, kept = [], []
+  for rebuilt in (False, True):
+    graph, outputs, fetches = rebuilt_norm_graph(np.random.default_rng(5), rebuilt, dtype)
+    saved = step_memory_breakdown.kept_for_backward(graph, fetches[1:])[0]
+    kept.append([buffer_of(t).name in saved for t in outputs])
+    with tf1.Session(graph=graph) as sess:
+      fetched.append(sess.run(fetches))
+    if rebuilt:
+      assert "x:0" in saved
+      rebuilt_ops = [op for op in graph.get_operations() if "/rebuild/" in op.name]
+      assert len([op for op in rebuilt_ops if op.type == "Rsqrt"]) == 2, rebuilt_ops
+      early = [op.name for op in rebuilt_ops if "seed" not in ancestors(op) and any(
+          t.shape.num_elements() >= 2 * 6 * 8 for t in op.outputs)]
+      assert not early, early
+  assert kept == [[True, True], [False, False]]
+  for plain, mine in zip(*fetched):
+    np.testing.assert_array_equal(mine, plain)
+
+
+def test_attention_output_rebuilds_head_dense_output_bit_for_bit():
+  """layers.attention_output with head_dense: output_transform's kernel gradient reads
+  head_dense's output rebuilt from the heads (which head_dense's kernel gradient keeps); values,
+  variable names and gradients are those with the output kept (`rebuild.off`), bit for bit."""
+  rng = np.random.default_rng(6)
+  hp = HParamsStandIn(head_dense=True, hidden_size=12)
+  heads_np, seed_np = rng.standard_normal((2, 3, 5, 4)), rng.standard_normal((2, 5, 12))
+  fetched, kept, names = [], [], []
+  for rebuilt in (False, True):
+    graph = tf.Graph()
+    with graph.as_default():
+      out = tf.exp(tf.constant(heads_np, tf.float32), name="heads")
+      with contextlib.nullcontext() if rebuilt else rebuild.off():
+        y = layers.attention_output(out, hp)
+      variables = tf1.trainable_variables()
+      seed = tf.identity(tf.constant(seed_np, tf.float32), name="seed")
+      grads = tf1.gradients(y, [out] + variables, grad_ys=seed)
+      saved = benchmark_module("step_memory_breakdown").kept_for_backward(graph, grads)[0]
+      names.append([v.name for v in variables])
+      kept.append(sorted(saved))
+      with tf1.Session(graph=graph) as sess:
+        for v in variables:
+          v.load(rng.standard_normal(v.shape) * 0.3, sess)
+        fetched.append(sess.run([y] + grads))
+    rng = np.random.default_rng(6)  # the same kernels in both graphs
+    heads_np, seed_np = rng.standard_normal((2, 3, 5, 4)), rng.standard_normal((2, 5, 12))
+  assert names[0] == names[1] == ["head_dense/kernel:0", "output_transform/kernel:0"]
+  assert kept == [["heads:0", "transpose:0"], ["heads:0"]]  # transpose: combine_heads'
+  for plain, mine in zip(*fetched):
+    np.testing.assert_array_equal(mine, plain)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_model_step_keeps_no_norm_output(rng, dtype):
+  """In the model's training step no layer norm's output (post-norm, the final norm before the
+  logits) nor, with bfloat16 activations, its bfloat16 cast is kept for the backward pass: the
+  dense products, GEGLU and the output projection rebuild them from the norms' inputs, which the
+  norms keep (with `rebuild.off` at build time they are kept)."""
+  step_memory_breakdown = benchmark_module("step_memory_breakdown")
+  targets = random_targets(rng)
+  found = []
+  for rebuilt in (False, True):
+    with tf.Graph().as_default() as graph:
+      with contextlib.nullcontext() if rebuilt else rebuild.off():
+        _, losses = build(small_hparams(activation_dtype=dtype), TRAIN, {"targets": targets})
+      grads = tf1.gradients(losses["training"] + losses["extra_loss"],
+                            tf1.trainable_variables())
+      kept = step_memory_breakdown.kept_for_backward(graph, [g for g in grads if g is not None])[0]
+      ops = {name: graph.get_tensor_by_name(name).op for name in kept}
+      found.append(sorted(name for name, op in ops.items() if "layer_norm/" in name or (
+          op.type == "Cast" and "layer_norm/" in op.inputs[0].name)))
+  assert len(found[0]) >= 3, found[0]
+  assert not found[1], found[1]
+
+
+def test_rebuild_marks_nothing_eagerly_and_works_under_tf_function():
+  """Eagerly nothing is marked (a custom gradient holds its inputs anyway); under tf.function
+  with a GradientTape the rebuilt norm output gives the gradients of the kept one."""
+  rng = np.random.default_rng(7)
+  x = tf.constant(rng.standard_normal((3, 8)), tf.float32)
+  scale, bias = tf.constant(1.0 + 0.1 * rng.standard_normal(8), tf.float32), tf.zeros([8])
+  kernel = tf.constant(rng.standard_normal((8, 4)), tf.float32)
+  assert not rebuild.is_rebuildable(norm.layer_norm(x, scale, bias))
+  marked = []
+
+  def gradients(x, kernel, rebuilt):
+    with tf.GradientTape() as tape:
+      tape.watch([x, kernel])
+      with contextlib.nullcontext() if rebuilt else rebuild.off():
+        y = norm.layer_norm(x, scale, bias)
+      marked.append(rebuild.is_rebuildable(y))
+      loss = tf.reduce_sum(tf.sin(layers.apply_kernel(y, kernel)))
+    return tape.gradient(loss, [x, kernel])
+
+  kept = tf.function(functools.partial(gradients, rebuilt=False))(x, kernel)
+  rebuilt = tf.function(functools.partial(gradients, rebuilt=True))(x, kernel)
+  assert marked == [False, True]
+  for want, got in zip(kept, rebuilt):
+    np.testing.assert_array_equal(got, want)
 
 
 @pytest.mark.parametrize("sequence,previous", [("dan", True), ("n", False), ("none", False)])

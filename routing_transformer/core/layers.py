@@ -11,6 +11,7 @@ from routing_transformer.core import heads
 from routing_transformer.core.attention import incremental
 from routing_transformer.core.attention import routing
 from routing_transformer.core import kmeans
+from routing_transformer.core import rebuild
 from tensor2tensor.layers import common_layers
 
 tf1 = tf.compat.v1
@@ -81,7 +82,8 @@ def kernel_product(x, kernel):
 
 def apply_kernel(x, kernel):
   """`kernel_product(x, kernel)` whose gradient is TF's MatMul gradient with x's part as
-  `matmul_nt` (dy [rows, units] times the kernel transposed); the kernel's is x^T dy."""
+  `matmul_nt` (dy [rows, units] times the kernel transposed); the kernel's is x^T dy, with x
+  rebuilt there when it is `rebuild.rebuildable` (then not kept)."""
   inputs, units = kernel.shape
 
   @tf.custom_gradient
@@ -92,7 +94,8 @@ def apply_kernel(x, kernel):
       rows = tf.reshape(dy, [-1, units])
       shape = x.shape if x.shape.is_fully_defined() else tf.shape(x)
       dx = tf.reshape(matmul_nt(rows, kernel), shape)
-      return dx, tf.matmul(tf.reshape(x, [-1, inputs]), rows, transpose_a=True)
+      x_kept = tf.reshape(rebuild.for_gradient(x, dy), [-1, inputs])
+      return dx, tf.matmul(x_kept, rows, transpose_a=True)
 
     return out, grad
 
@@ -207,10 +210,18 @@ def local_variables(hparams, layer_index):
 
 def attention_output(out, hparams):
   """Heads [b, h, n, d] -> [b, n, hidden]: shared head_dense, output_transform (no dropout
-  here: `attention_dropout` drops the attention weights inside the heads, as the original)."""
-  if hparams.head_dense:  # one [d, d] map shared by all heads, as in the released model
-    out = dense(out, out.shape[-1], "head_dense")
-  return dense(heads.combine_heads(out), hparams.hidden_size, "output_transform")
+  here: `attention_dropout` drops the attention weights inside the heads, as the original).
+  head_dense's output is rebuilt from the heads (which its kernel gradient keeps) for
+  output_transform's kernel gradient (`rebuild`), not kept."""
+  if not hparams.head_dense:
+    return dense(heads.combine_heads(out), hparams.hidden_size, "output_transform")
+  with tf1.variable_scope("head_dense"):  # one [d, d] map shared by all heads, as released
+    kernel = tf.convert_to_tensor(kernel_variables(out.shape[-1], out.shape[-1],
+                                                   out.dtype.base_dtype)[0])
+    mixed = apply_kernel(out, kernel)
+  mixed = rebuild.rebuildable(heads.combine_heads(mixed),
+                              lambda o, k: heads.combine_heads(kernel_product(o, k)), out, kernel)
+  return dense(mixed, hparams.hidden_size, "output_transform")
 
 
 def local_span(hparams, length):
@@ -411,21 +422,21 @@ def geglu_ffn(x, w1, w2, w3, chunk_rows=None, chunk_forward=False, keep_products
   """The GEGLU block (gelu(x W1) * (x W2)) W3: x [..., hidden] (leading dims static), kernels
   [hidden, f], [hidden, f], [f, hidden] -> [..., hidden].
 
-  The backward pass keeps x, a = x W1 and b = x W2 (what the plain ops' matmul gradients read
-  anyway) and runs over `chunk_rows` positions at a time, one chunk after the other: each chunk
-  recomputes gelu(a) * b of its rows, differentiates those ops, and takes its share of the
-  gradients of x and of the three kernels. The [positions, f] temporaries of the backward pass
-  (gelu's intermediates, the product, their gradients) then exist for one chunk of rows at a
-  time instead of for all positions (chunk_rows: default FFN_BACKWARD_ROWS). The output is the
-  plain ops'; the gradients are theirs up to the order of the sums over rows (a kernel's
-  gradient adds the chunks' products). With `chunk_forward` (training) the forward pass also
-  computes gelu(a) * b and its product with W3 one chunk of rows after the other, so gelu's
-  [positions, f] temporaries are not alive for all positions at once there either; the output
-  then equals the plain ops' up to the matmul's rounding of row blocks. With `keep_products`
-  False the backward pass keeps only x and each chunk computes its rows of a and b anew: for a
-  re-run whose output is not needed (`recompute_layers`' replay, where x W1 and x W2 would be
-  computed only for this backward pass), the same matmuls, and no [positions, f] tensor at
-  all."""
+  The backward pass keeps x (or rebuilds it, `rebuild.for_gradient`), a = x W1 and b = x W2 (what
+  the plain ops' matmul gradients read anyway) and runs over `chunk_rows` positions at a time, one
+  chunk after the other: each chunk recomputes gelu(a) * b of its rows, differentiates those ops,
+  and takes its share of the gradients of x and of the three kernels. The [positions, f]
+  temporaries of the backward pass (gelu's intermediates, the product, their gradients) then exist
+  for one chunk of rows at a time instead of for all positions (chunk_rows: default
+  FFN_BACKWARD_ROWS). The output is the plain ops'; the gradients are theirs up to the order of
+  the sums over rows (a kernel's gradient adds the chunks' products). With `chunk_forward`
+  (training) the forward pass also computes gelu(a) * b and its product with W3 one chunk of rows
+  after the other, so gelu's [positions, f] temporaries are not alive for all positions at once
+  there either; the output then equals the plain ops' up to the matmul's rounding of row blocks.
+  With `keep_products` False the backward pass keeps only x and each chunk computes its rows of a
+  and b anew: for a re-run whose output is not needed (`recompute_layers`' replay, where x W1 and
+  x W2 would be computed only for this backward pass), the same matmuls, and no [positions, f]
+  tensor at all."""
   rows = x.shape[:-1].num_elements()
   chunk_rows = chunk_rows or FFN_BACKWARD_ROWS
 
@@ -437,7 +448,7 @@ def geglu_ffn(x, w1, w2, w3, chunk_rows=None, chunk_forward=False, keep_products
       b = kernel_product(x, w2)
 
     def grad(dy):
-      kept = (x, dy) + ((a, b) if keep_products else ())
+      kept = (rebuild.for_gradient(x, dy), dy) + ((a, b) if keep_products else ())
       flat = [tf.reshape(t, [rows, t.shape[-1]]) for t in kept]
       dxs, sums, after = [], None, [dy]
       for start, size in row_chunks(rows, chunk_rows):

@@ -8,6 +8,8 @@ activations' dtype, float32 for bfloat16 / float16.
 """
 import tensorflow as tf
 
+from routing_transformer.core import rebuild
+
 LOW_PRECISION = (tf.bfloat16, tf.float16)
 
 
@@ -45,7 +47,9 @@ def layer_norm(x, scale, bias, epsilon=1e-6):
   backward pass recomputes them from x once the incoming gradient exists (a control dependency:
   without it the executor would run the recomputation in the forward pass and keep it) and
   differentiates the same ops: alone, the gradients are the plain ops' bit for bit (in a larger
-  graph TF's graph rewrites may round them apart, ~1e-7 relative).
+  graph TF's graph rewrites may round them apart, ~1e-7 relative). The output is
+  `rebuild.rebuildable` from x: the dense layers and the GEGLU block reading it rebuild it for
+  their kernel gradients, so no norm's output is kept either.
 
   Args:
     x: [..., d] float tensor.
@@ -71,4 +75,4 @@ def layer_norm(x, scale, bias, epsilon=1e-6):
       return tf.gradients(compute(*inputs), inputs, dy)
     return compute(x, scale, bias), grad
 
-  return norm(x, scale, bias)
+  return rebuild.rebuildable(norm(x, scale, bias), compute, x, scale, bias)

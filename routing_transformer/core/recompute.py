@@ -20,6 +20,7 @@ refuses recompute_layers with dropout inside the blocks or random_routing.
 """
 import tensorflow as tf
 
+from routing_transformer.core import rebuild
 from routing_transformer.core import slicing
 
 tf1 = tf.compat.v1
@@ -72,7 +73,7 @@ def recompute_block(fn, inputs, substitutes=None):
       # gradient accounts for it), and tf.gradients would follow that path too.
       with tf.control_dependencies(dys):
         replay_inputs = [tf.stop_gradient(t) for t in args]
-      with tf1.variable_scope(scope, reuse=True), tf.name_scope("recompute"):
+      with tf1.variable_scope(scope, reuse=True), tf.name_scope("recompute"), rebuild.off():
         y2, loss2 = fn(*replay_inputs, replay=True)
       variables = list(variables or [])
       subs = substitutes() if substitutes is not None else {}

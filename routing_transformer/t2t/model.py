@@ -22,6 +22,7 @@ from routing_transformer.core import health
 from routing_transformer.core import kmeans
 from routing_transformer.core import layers
 from routing_transformer.core import norm
+from routing_transformer.core import rebuild
 from routing_transformer.core import recompute
 
 compat.patch_tensor2tensor()
@@ -251,11 +252,15 @@ class RoutingTransformer(t2t_model.T2TModel):
 
   def in_float32(self, process, sequence, *tensors):
     """process(*tensors, hparams); with bfloat16 activations and a normalisation ("n") in the
-    T2T `sequence`, the tensors go in as float32 and the result comes back as bfloat16."""
+    T2T `sequence`, the tensors go in as float32 and the result comes back as bfloat16 (a cast
+    the backward pass rebuilds where the float32 result is rebuildable, `rebuild`)."""
     dtype = tensors[-1].dtype
     if dtype == tf.float32 or sequence == "none" or "n" not in sequence:
       return process(*tensors, self.hparams)
-    return tf.cast(process(*[tf.cast(t, tf.float32) for t in tensors], self.hparams), dtype)
+    wide = process(*[tf.cast(t, tf.float32) for t in tensors], self.hparams)
+    if not rebuild.is_rebuildable(wide):
+      return tf.cast(wide, dtype)
+    return rebuild.rebuildable(tf.cast(wide, dtype), lambda t: tf.cast(t, dtype), wide)
 
   def block(self, x, i, attend, memory_attend=None):
     """One residual block (in scope `<prefix>_layer_<i>`); see `layer_stack`."""
