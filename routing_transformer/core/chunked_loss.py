@@ -11,6 +11,8 @@ the float sums (the chunks' sums and their kernel gradients are added chunk by c
 """
 import tensorflow as tf
 
+from routing_transformer.core import layers
+from routing_transformer.core import rebuild
 from routing_transformer.core.attention import common
 
 
@@ -23,10 +25,9 @@ def chunk_bounds(length, chunk):
 
 
 def project(x, kernel, bias):
-  """x [b, c, e] kernel [e, V] + bias [V], as a dense layer computes it (tensordot, bias_add)."""
-  logits = tf.tensordot(x, kernel, [[x.shape.rank - 1], [0]])
-  logits.set_shape(x.shape[:-1].concatenate(kernel.shape[-1:]))
-  return tf.nn.bias_add(logits, bias)
+  """x [b, c, e] kernel [e, V] + bias [V], as a dense layer computes it (tensordot, bias_add;
+  `layers.apply_kernel`, whose kernel gradient rebuilds a rebuildable x, e.g. a norm's output)."""
+  return tf.nn.bias_add(layers.apply_kernel(x, kernel), bias)
 
 
 def _add(total, value):
@@ -69,9 +70,10 @@ def chunked_loss(x, kernel, bias, labels, weights, chunk, xent):
 
     def grad(dtotal):
       dxs, dkernel, dbias, previous = [], None, None, [dtotal]
+      x_kept = rebuild.for_gradient(x, dtotal)  # a norm's output: rebuilt, not kept
       for start, size in bounds:
         with tf.control_dependencies(previous):  # after the loss gradient / the last chunk
-          x_chunk = common.slice_axis(x, 1, start, size)
+          x_chunk = common.slice_axis(x_kept, 1, start, size)
         part = chunk_sum(x_chunk, kernel, bias, start, size)
         dx, dk, db = tf.gradients(part, [x_chunk, kernel, bias], dtotal)
         dxs.append(dx)
