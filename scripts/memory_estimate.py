@@ -9,17 +9,19 @@ with and without `recompute_layers` and with float32 or bfloat16 activations:
   optimizer   Adafactor slots (beta1 = 0: factored second moments vr + vc for matrices, v for
               vectors) and the k-means state (means, ema_count, ema_means)
   activations the forward tensors the backward pass reads, counted per op as our TF graph
-              saves them (no fusion): per block its input, q/k/v (with share_qk without the
-              routing heads' keys, which are not computed; the local heads' key/value memory
-              blocks are rebuilt from k and v), attention probabilities, the head_dense /
-              output_transform inputs, both post-norm LayerNorms, the FFN input and GEGLU's two matmul outputs
-              x W1 and x W2 (its custom gradient recomputes gelu and the product); outside the
-              blocks the embeddings and the logits over the vocabulary (logits and the softmax the
-              cross-entropy gradient reads, float32; with --logits_chunk_size those of one chunk
-              of positions).
+              saves them (no fusion): per block q/k/v (with share_qk without the routing heads'
+              keys, which are not computed; the local heads' key/value memory blocks are
+              rebuilt from k and v), attention probabilities, the heads' output (head_dense's
+              input), both post-norm LayerNorms' float32 inputs (the residual sums) and GEGLU's
+              two matmul outputs x W1 and x W2 (its custom gradient recomputes gelu and the
+              product); outside the blocks the embeddings and the logits over the vocabulary
+              (logits and the softmax the cross-entropy gradient reads, float32; with
+              --logits_chunk_size those of one chunk of positions). REBUILT: the norms'
+              outputs (the block input, the FFN input, the output projection's input) and
+              head_dense's output are rebuilt in the backward pass (`core/rebuild.py`), not kept.
               With recompute: the block inputs (checkpoints) + one block's other activations (the
-              block being re-run, whose FFN backward pass computes x W1 and x W2 for 1,024 rows
-              at a time) + the embeddings and logits. With --recompute_attention the local heads
+              block being re-run, which rebuilds nothing, whose FFN backward pass computes x W1
+              and x W2 for 1,024 rows at a time) + the embeddings and logits. With --recompute_attention the local heads
               keep no probabilities and the routing heads no q_hat, gathered
               clusters or probabilities (q, k, v are counted already).
               --recompute_keep heads / qkv (recompute_keep_heads / recompute_keep_qkv, with
@@ -47,6 +49,9 @@ PG19_LOCAL_CLUSTER8K = dict(
     ffn="geglu", ema=True, share_qk=True)
 VOCAB = 32768  # the released vocabulary, vocab.pg19_length8k.32768.subwords
 FFN_BACKWARD_ROWS = 1024  # routing_transformer/core/layers.py: rows per GEGLU backward chunk
+# What a block's backward pass reads but rebuilds instead of keeping (`core/rebuild.py`): the
+# norms' outputs and head_dense's output. A re-run block (recompute_layers) keeps them.
+REBUILT = ("block input", "head_dense output", "ffn input")
 
 
 def config_from_hparams(hp):
@@ -122,7 +127,8 @@ def adafactor_slot_elements(shape):
 
 
 def layer_activation_bytes(cfg, i, act, f32=4, recompute_attention=False):
-  """{component: bytes} the backward pass of decoder block i reads (one sequence);
+  """{component: bytes} the backward pass of decoder block i reads (one sequence; a block
+  that is not re-run keeps all but REBUILT);
   recompute_attention: the local heads' attention and the routing heads' cluster attention are
   recomputed (hparam of the same name)."""
   n, h, f = cfg["length"], cfg["hidden"], cfg["filter"]
@@ -140,8 +146,9 @@ def layer_activation_bytes(cfg, i, act, f32=4, recompute_attention=False):
       "routing q_hat and gathered q, v": routing * routing_kept * n * d * act,
       "routing attention probabilities": (0 if recompute_attention else
                                           routing * cfg["clusters"] * cfg["window"] ** 2 * f32),
-      "head_dense / output_transform inputs": 2 * n * h * act,
-      "post-norm LayerNorms": 2 * 2 * n * h * f32,
+      "heads output": n * h * act,  # head_dense's input (or output_transform's without it)
+      "head_dense output": n * h * act if cfg["head_dense"] else 0,
+      "post-norm LayerNorm inputs": 2 * n * h * f32,  # the norms keep only their inputs
       "ffn input": n * h * act,
       "ffn intermediates": 2 * n * f * act,  # GEGLU: x W1, x W2; else relu in and out
   }
@@ -151,9 +158,16 @@ def layer_activation_bytes(cfg, i, act, f32=4, recompute_attention=False):
 def outside_activation_bytes(cfg, vocab, act, f32=4, logits_chunk=0):
   n = cfg["length"]
   rows = min(n, logits_chunk) if logits_chunk else n
-  return {"embeddings": 2 * n * cfg["embedding"] * act,
-          "final_dense input": n * cfg["embedding"] * act,
+  # The output projection's input is the last norm's output (rebuilt), or with hidden !=
+  # embedding final_dense_1's output.
+  final = n * cfg["embedding"] * act if cfg["hidden"] != cfg["embedding"] else 0
+  return {"embeddings": 2 * n * cfg["embedding"] * act, "final_dense_2 input": final,
           "logits and softmax (float32)": 2 * rows * vocab * f32}
+
+
+def kept_bytes(layer):
+  """Bytes a block that is not re-run keeps: what its backward pass reads but REBUILT."""
+  return sum(v for k, v in layer.items() if k not in REBUILT)
 
 
 def block_checkpoints(cfg, layer, act, keep=""):
@@ -194,7 +208,7 @@ def estimate(cfg, vocab=VOCAB, recompute=False, bf16=False, logits_chunk=0,
   if recompute:
     blocks = checkpoints + one_layer
   else:
-    blocks = sum(sum(layer.values()) for layer in layers)
+    blocks = sum(kept_bytes(layer) for layer in layers)
   activations = blocks + outside
   return dict(params=params, grads=params, optimizer=slots + kmeans, adafactor=slots,
               kmeans=kmeans, block_activations=blocks, outside_activations=outside,
@@ -235,7 +249,8 @@ def main(argv=None):
   print("\nOne block's activations (float32):")
   for name, value in layer_activation_bytes(cfg, cfg["layers"] - 1, 4,
                                             recompute_attention=args.recompute_attention).items():
-    print("  %-40s %8.1f MiB" % (name, value / 2.0 ** 20))
+    print("  %-40s %8.1f MiB%s" % (name, value / 2.0 ** 20, "  (rebuilt without recompute_layers"
+                                   ")" if name in REBUILT else ""))
 
 
 if __name__ == "__main__":

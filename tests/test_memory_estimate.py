@@ -48,7 +48,12 @@ def test_totals_add_up(bf16):
     assert e["activations"] == e["block_activations"] + e["outside_activations"]
     assert e["params"] == e["grads"] == 4 * e["parameters"]
   layers = [memory_estimate.layer_activation_bytes(cfg, i, act) for i in range(cfg["layers"])]
-  assert plain["block_activations"] == sum(sum(layer.values()) for layer in layers)
+  # a block that is not re-run rebuilds its norms' outputs and head_dense's output
+  rebuilt = {"block input", "head_dense output", "ffn input"}
+  assert set(memory_estimate.REBUILT) == rebuilt
+  assert plain["block_activations"] == sum(
+      sum(v for k, v in layer.items() if k not in rebuilt) for layer in layers)
+  assert all(layer[k] == cfg["length"] * cfg["hidden"] * act for layer in layers for k in rebuilt)
   checkpoints = cfg["layers"] * cfg["length"] * cfg["hidden"] * act
   assert recompute["checkpoints"] == checkpoints
   assert recompute["block_activations"] == checkpoints + recompute["one_layer"]
@@ -57,6 +62,16 @@ def test_totals_add_up(bf16):
                                        x["ffn intermediates"] * 7 // 8 for x in layers)
   assert recompute["outside_activations"] == plain["outside_activations"]
   assert recompute["block_activations"] < plain["block_activations"] / 10
+
+
+def test_the_output_projection_input_is_kept_only_after_final_dense_1():
+  """hidden == embedding: the projection reads the last norm's output, which is rebuilt; else
+  final_dense_1's output [n, embedding], which is kept."""
+  cfg = memory_estimate.PG19_LOCAL_CLUSTER8K
+  same = memory_estimate.outside_activation_bytes(cfg, 32768, 4)
+  other = memory_estimate.outside_activation_bytes(dict(cfg, embedding=512), 32768, 4)
+  assert same["final_dense_2 input"] == 0
+  assert other["final_dense_2 input"] == 8192 * 512 * 4
 
 
 def test_bfloat16_halves_only_the_bfloat16_tensors():
