@@ -65,6 +65,7 @@ PARTS = {
     ("heads.py", "routing_heads_attention"): "routing heads",
     ("layers.py", "projections"): "q/k/v projections",
     ("layers.py", "attention_output"): "attention output",
+    ("heads.py", "kind_heads"): "attention output",  # the heads' output, rejoined
     ("layers.py", "ffn"): "feed-forward (GEGLU)",
     ("layers.py", "geglu_ffn"): "feed-forward (GEGLU)",
     ("layers.py", "geglu_output"): "feed-forward (GEGLU)",
