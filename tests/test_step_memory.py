@@ -215,6 +215,22 @@ def test_geglu_backward_temporaries_hold_one_chunk_of_positions():
   assert layers.row_chunks(10, 3) == [(0, 3), (3, 3), (6, 3), (9, 1)]
 
 
+def test_geglu_takes_at_most_sixteen_chunks():
+  """1,024 positions per chunk up to 16 chunks, then rows / 16 (rounded up): a 65,536-position
+  block's backward pass runs 16 chunks of 4,096 (the graph does not grow with the length)."""
+  assert [layers.ffn_chunk_rows(r) for r in (10, 8192, 16384, 65536, 65537)] == [
+      1024, 1024, 1024, 4096, 4097]
+  graph = tf.Graph()
+  with graph.as_default():
+    x = tf.ones([2, 32768, 4])
+    w1, w2, w3 = tf.ones([4, 8]), tf.ones([4, 8]), tf.ones([8, 4])
+    tf.gradients(tf.reduce_sum(layers.geglu_ffn(x, w1, w2, w3)), [x])
+  slices = [op for op in graph.get_operations()
+            if op.name.startswith("gradients") and op.type == "Slice"]
+  assert len(slices) == 16 * 4  # 16 chunks x (x, a, b, dy)
+  assert {tuple(op.outputs[0].shape.as_list()) for op in slices} == {(4096, 4), (4096, 8)}
+
+
 @pytest.mark.parametrize("dtype,rtol,chunk_rows", [
     (tf.float64, 1e-12, 3), (tf.float64, 1e-12, 64), (tf.float32, 1e-5, 4)])
 def test_geglu_chunked_forward_equals_the_plain_ops(dtype, rtol, chunk_rows):

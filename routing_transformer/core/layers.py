@@ -411,6 +411,15 @@ def geglu_output(a, b, kernel):
 
 
 FFN_BACKWARD_ROWS = 1024  # positions per chunk of the GEGLU block's backward pass
+FFN_MAX_CHUNKS = 16  # at most this many chunks: longer inputs take rows / 16 per chunk
+
+
+def ffn_chunk_rows(rows):
+  """Positions per chunk of the GEGLU block's chunked passes for `rows` positions:
+  FFN_BACKWARD_ROWS, or rows / FFN_MAX_CHUNKS (rounded up) where that is more. Each chunk is
+  ~100 graph ops per pass, so a chunk count growing with the length made the graph build grow
+  with it (25 s at 65,536 tokens); the chunks' temporaries grow instead, [rows / 16, filter]."""
+  return max(FFN_BACKWARD_ROWS, -(-rows // FFN_MAX_CHUNKS))
 
 
 def row_chunks(rows, size):
@@ -428,7 +437,7 @@ def geglu_ffn(x, w1, w2, w3, chunk_rows=None, chunk_forward=False, keep_products
   and takes its share of the gradients of x and of the three kernels. The [positions, f]
   temporaries of the backward pass (gelu's intermediates, the product, their gradients) then exist
   for one chunk of rows at a time instead of for all positions (chunk_rows: default
-  FFN_BACKWARD_ROWS). The output is the plain ops'; the gradients are theirs up to the order of
+  `ffn_chunk_rows`, FFN_BACKWARD_ROWS up to 16 chunks). The output is the plain ops'; the gradients are theirs up to the order of
   the sums over rows (a kernel's gradient adds the chunks' products). With `chunk_forward`
   (training) the forward pass also computes gelu(a) * b and its product with W3 one chunk of rows
   after the other, so gelu's [positions, f] temporaries are not alive for all positions at once
@@ -438,7 +447,7 @@ def geglu_ffn(x, w1, w2, w3, chunk_rows=None, chunk_forward=False, keep_products
   x W2 would be computed only for this backward pass), the same matmuls, and no [positions, f]
   tensor at all."""
   rows = x.shape[:-1].num_elements()
-  chunk_rows = chunk_rows or FFN_BACKWARD_ROWS
+  chunk_rows = chunk_rows or ffn_chunk_rows(rows)
 
   @tf.custom_gradient
   def block(x, w1, w2, w3):
@@ -482,7 +491,7 @@ def ffn(x, hparams, train=False, keep_products=True):
 
   GEGLU (variables `weight1/kernel`, `weight2/kernel`, `weight3/kernel`, as `dense` creates
   them) keeps only x, x W1 and x W2 for its backward pass (only x without `keep_products`),
-  which runs FFN_BACKWARD_ROWS positions at a time, as does the training forward past the two
+  which runs `ffn_chunk_rows` positions at a time, as does the training forward past the two
   matmuls (`geglu_ffn`); with relu_dropout in training, or leading dims not static,
   `geglu_activation` / `geglu_output` on the whole tensors."""
   if hparams.ffn_layer == "geglu":
