@@ -49,7 +49,6 @@ PG19_LOCAL_CLUSTER8K = dict(
     ffn="geglu", ema=True, share_qk=True)
 VOCAB = 32768  # the released vocabulary, vocab.pg19_length8k.32768.subwords
 FFN_BACKWARD_ROWS = 1024  # routing_transformer/core/layers.py: rows per GEGLU backward chunk
-FFN_MAX_CHUNKS = 16  # ... and at most 16 chunks (layers.ffn_chunk_rows)
 # What a block's backward pass reads but rebuilds instead of keeping (`core/rebuild.py`): the
 # norms' outputs and head_dense's output. A re-run block (recompute_layers) keeps them.
 REBUILT = ("block input", "head_dense output", "ffn input")
@@ -183,7 +182,7 @@ def block_checkpoints(cfg, layer, act, keep=""):
 def replayed_bytes(cfg, layer, act, keep=""):
   """Bytes of a block being re-run beyond its checkpoints: its FFN backward pass computes x W1
   and x W2 one chunk of FFN_BACKWARD_ROWS rows at a time."""
-  chunk = min(1.0, max(FFN_BACKWARD_ROWS, -(-cfg["length"] // FFN_MAX_CHUNKS)) / cfg["length"])
+  chunk = min(1.0, FFN_BACKWARD_ROWS / cfg["length"])
   ffn = layer["ffn intermediates"]
   return (sum(layer.values()) - block_checkpoints(cfg, layer, act, keep) - ffn +
           int(ffn * chunk))

@@ -215,11 +215,13 @@ def test_geglu_backward_temporaries_hold_one_chunk_of_positions():
   assert layers.row_chunks(10, 3) == [(0, 3), (3, 3), (6, 3), (9, 1)]
 
 
-def test_geglu_takes_at_most_sixteen_chunks():
+def test_geglu_takes_at_most_sixteen_chunks_where_it_keeps_the_products():
   """1,024 positions per chunk up to 16 chunks, then rows / 16 (rounded up): a 65,536-position
-  block's backward pass runs 16 chunks of 4,096 (the graph does not grow with the length)."""
+  block's backward pass runs 16 chunks of 4,096 (the graph does not grow with the length); a
+  re-run block's FFN (keep_products False) keeps chunks of 1,024."""
   assert [layers.ffn_chunk_rows(r) for r in (10, 8192, 16384, 65536, 65537)] == [
       1024, 1024, 1024, 4096, 4097]
+  assert layers.ffn_chunk_rows(65536, keep_products=False) == 1024
   graph = tf.Graph()
   with graph.as_default():
     x = tf.ones([2, 32768, 4])

@@ -411,14 +411,19 @@ def geglu_output(a, b, kernel):
 
 
 FFN_BACKWARD_ROWS = 1024  # positions per chunk of the GEGLU block's backward pass
-FFN_MAX_CHUNKS = 16  # at most this many chunks: longer inputs take rows / 16 per chunk
+FFN_MAX_CHUNKS = 16  # at most this many chunks where a, b are kept: then rows / 16 per chunk
 
 
-def ffn_chunk_rows(rows):
-  """Positions per chunk of the GEGLU block's chunked passes for `rows` positions:
-  FFN_BACKWARD_ROWS, or rows / FFN_MAX_CHUNKS (rounded up) where that is more. Each chunk is
-  ~100 graph ops per pass, so a chunk count growing with the length made the graph build grow
-  with it (25 s at 65,536 tokens); the chunks' temporaries grow instead, [rows / 16, filter]."""
+def ffn_chunk_rows(rows, keep_products=True):
+  """Positions per chunk of the GEGLU block's chunked passes over `rows` positions:
+  FFN_BACKWARD_ROWS, or with `keep_products` rows / FFN_MAX_CHUNKS (rounded up) where that is
+  more. Each chunk is ~100 graph ops per pass, and a chunk count growing with the length made
+  the graph build grow with it (25-28 s at 65,536 tokens, 10 s with 16 chunks, where the
+  step's peak fell 0.9 GiB too); a re-run block's FFN (`keep_products` False), whose chunks
+  compute x W1 and x W2 anew, keeps its chunks of FFN_BACKWARD_ROWS (with 16 chunks its peak at
+  65,536 tokens rose by 0.55 GiB)."""
+  if not keep_products:
+    return FFN_BACKWARD_ROWS
   return max(FFN_BACKWARD_ROWS, -(-rows // FFN_MAX_CHUNKS))
 
 
@@ -437,17 +442,17 @@ def geglu_ffn(x, w1, w2, w3, chunk_rows=None, chunk_forward=False, keep_products
   and takes its share of the gradients of x and of the three kernels. The [positions, f]
   temporaries of the backward pass (gelu's intermediates, the product, their gradients) then exist
   for one chunk of rows at a time instead of for all positions (chunk_rows: default
-  `ffn_chunk_rows`, FFN_BACKWARD_ROWS up to 16 chunks). The output is the plain ops'; the gradients are theirs up to the order of
-  the sums over rows (a kernel's gradient adds the chunks' products). With `chunk_forward`
-  (training) the forward pass also computes gelu(a) * b and its product with W3 one chunk of rows
-  after the other, so gelu's [positions, f] temporaries are not alive for all positions at once
-  there either; the output then equals the plain ops' up to the matmul's rounding of row blocks.
-  With `keep_products` False the backward pass keeps only x and each chunk computes its rows of a
-  and b anew: for a re-run whose output is not needed (`recompute_layers`' replay, where x W1 and
-  x W2 would be computed only for this backward pass), the same matmuls, and no [positions, f]
-  tensor at all."""
+  `ffn_chunk_rows`: FFN_BACKWARD_ROWS, up to 16 chunks where a and b are kept). The output is the
+  plain ops'; the gradients are theirs up to the order of the sums over rows (a kernel's gradient
+  adds the chunks' products). With `chunk_forward` (training) the forward pass also computes
+  gelu(a) * b and its product with W3 one chunk of rows after the other, so gelu's [positions, f]
+  temporaries are not alive for all positions at once there either; the output then equals the
+  plain ops' up to the matmul's rounding of row blocks. With `keep_products` False the backward
+  pass keeps only x and each chunk computes its rows of a and b anew: for a re-run whose output is
+  not needed (`recompute_layers`' replay, where x W1 and x W2 would be computed only for this
+  backward pass), the same matmuls, and no [positions, f] tensor at all."""
   rows = x.shape[:-1].num_elements()
-  chunk_rows = chunk_rows or ffn_chunk_rows(rows)
+  chunk_rows = chunk_rows or ffn_chunk_rows(rows, keep_products)
 
   @tf.custom_gradient
   def block(x, w1, w2, w3):
