@@ -215,11 +215,10 @@ def attention_output(out, hparams):
   output_transform's kernel gradient (`rebuild`), not kept."""
   if not hparams.head_dense:
     return dense(heads.combine_heads(out), hparams.hidden_size, "output_transform")
-  with tf1.variable_scope("head_dense"):  # one [d, d] map shared by all heads, as released
-    kernel = tf.convert_to_tensor(kernel_variables(out.shape[-1], out.shape[-1],
-                                                   out.dtype.base_dtype)[0])
-    mixed = apply_kernel(out, kernel)
-  mixed = rebuild.rebuildable(heads.combine_heads(mixed),
+  # one [d, d] map shared by all heads, as released
+  kernel = tf.convert_to_tensor(dense_kernel("head_dense", out.shape[-1], out.shape[-1],
+                                             out.dtype.base_dtype))
+  mixed = rebuild.rebuildable(heads.combine_heads(apply_kernel(out, kernel)),
                               lambda o, k: heads.combine_heads(kernel_product(o, k)), out, kernel)
   return dense(mixed, hparams.hidden_size, "output_transform")
 
