@@ -767,6 +767,35 @@ def test_zero_empty_softmax_is_the_zeroed_softmax_and_keeps_only_its_output(rng,
   assert len(row_sized(kept_want)) == 2, kept_want
 
 
+@pytest.mark.parametrize("dtype", [tf.float64, tf.float32])
+def test_masked_softmax_builds_one_select_in_its_backward_pass(rng, dtype):
+  """masked_softmax against the softmax of the where-masked logits: the same values and
+  gradients bit for bit (a row with nothing allowed: uniform, its masked entries' gradients 0);
+  under T2T's gated gradients the plain ops' backward pass builds two [..., m] selects (the
+  logits' and the mask value's gradient), masked_softmax's one."""
+  allowed_np = rng.random((2, 5, 24)) < 0.5
+  allowed_np[:, 1] = False  # rows with nothing allowed
+  graph = tf.Graph()
+  with graph.as_default():
+    logits = tf.exp(tf.constant(rng.standard_normal((2, 5, 24)), dtype)) - 1.0
+    allowed = tf.constant(allowed_np)
+    v = tf.exp(tf.constant(rng.standard_normal((2, 24, 3)), dtype))
+    got = common.masked_softmax(logits, allowed)
+    want = tf.nn.softmax(tf.where(allowed, logits, common.mask_value(dtype)))
+  _, _, values = kept_and_values(graph, got, want, [logits, v],
+                                 lambda p: tf.reduce_sum(tf.matmul(p, v) ** 2),
+                                 gate_gradients=True)
+  for a, b in ((0, 1), (2, 4), (3, 5)):
+    np.testing.assert_array_equal(values[a], values[b])
+  np.testing.assert_allclose(values[0][:, 1], 1.0 / 24)
+  assert values[2][:, 1][~allowed_np[:, 1]].max() == 0.0
+  selects = lambda prefix: [op for op in graph.get_operations()
+                            if op.name.startswith(prefix) and op.type == "SelectV2" and
+                            op.outputs[0].shape.as_list() == [2, 5, 24]]
+  assert len(selects("gradients/")) == 1, selects("gradients/")
+  assert len(selects("gradients_1/")) == 2, selects("gradients_1/")
+
+
 @pytest.mark.parametrize("before,after", [(1, 0), (2, 0), (1, 1)])
 def test_memory_product_rebuilds_the_blocks_for_its_gradient(rng, before, after):
   """local.memory_product against tf.einsum of local.memory_blocks: the same values and the same

@@ -26,7 +26,8 @@ def masked_softmax(logits, allowed, zero_empty=False):
 
   A row with nothing allowed comes out uniform, or 0 with `zero_empty` (what callers that can
   produce such rows, only with padding, ask for: `zero_empty_rows` of the probabilities). The
-  backward pass keeps only the probabilities and the mask (`kept_output_softmax`).
+  backward pass keeps only the probabilities and the mask and builds one [..., m] select
+  (`kept_output_softmax`).
 
   Low-precision logits (bfloat16, float16: hparam `activation_dtype`) are masked and normalised
   in float32 (`float32_softmax`); the probabilities come back in the logits' dtype.
@@ -51,8 +52,9 @@ def kept_output_softmax(logits, allowed, zero_empty=False):
   """`masked_softmax` whose backward pass keeps only its output p (in the logits' dtype) and
   the mask, and computes dlogits = p (dp - sum(dp p)) (TF's softmax gradient), 0 where masked
   (as through the masking `where`; p is 0 there except in a row with nothing allowed), in
-  float32 for low-precision logits (no float32 copy kept): neither the masked logits nor the
-  `where`'s zeros exist in the backward pass. With `zero_empty` the rows with nothing allowed
+  float32 for low-precision logits (no float32 copy kept). The masking `where`'s own gradient is
+  not built: under T2T's gated gradients (`gate_gradients=GATE_OP`) it also computed the mask
+  value's [..., m] gradient. With `zero_empty` the rows with nothing allowed
   are 0 in p (`zero_empty_rows`): their gradient is 0, as through the zeroing's product, and
   neither the uniform rows' probabilities nor a second [..., m] tensor is kept.
 
