@@ -21,9 +21,9 @@ with and without `recompute_layers` and with float32 or bfloat16 activations:
               head_dense's output are rebuilt in the backward pass (`core/rebuild.py`), not kept.
               With recompute: the block inputs (checkpoints) + one block's other activations (the
               block being re-run, which rebuilds nothing, whose FFN backward pass computes x W1
-              and x W2 for 1,024 rows at a time) + the embeddings and logits. With --recompute_attention the local heads
-              keep no probabilities and the routing heads no q_hat, gathered
-              clusters or probabilities (q, k, v are counted already).
+              and x W2 for 1,024 rows at a time) + the embeddings and logits. With
+              --recompute_attention the local heads keep no probabilities and the routing heads
+              no q_hat, gathered clusters or probabilities (q, k, v are counted already).
               --recompute_keep heads / qkv (recompute_keep_heads / recompute_keep_qkv, with
               recompute_attention): each block also keeps its heads' output (and with qkv its
               q, k, v), which the re-run block then does not hold again.
@@ -249,8 +249,8 @@ def main(argv=None):
   print("\nOne block's activations (float32):")
   for name, value in layer_activation_bytes(cfg, cfg["layers"] - 1, 4,
                                             recompute_attention=args.recompute_attention).items():
-    print("  %-40s %8.1f MiB%s" % (name, value / 2.0 ** 20, "  (rebuilt without recompute_layers"
-                                   ")" if name in REBUILT else ""))
+    rebuilt = "  (rebuilt without recompute_layers)" if name in REBUILT else ""
+    print("  %-40s %8.1f MiB%s" % (name, value / 2.0 ** 20, rebuilt))
 
 
 if __name__ == "__main__":
