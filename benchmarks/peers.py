@@ -20,7 +20,7 @@ the same intra-op thread count (--threads, default: all cores):
   max_relative_position=0; routing_attention_recompute: recompute_attention=True;
   routing_recompute_chunked_attention: all three; routing_recompute_chunked_attention_keep: and
   recompute_keep_heads=True; routing_recompute_chunked_attention_qkv: recompute_keep_qkv=True
-  instead; local: 8 local heads; *_bf16:
+  instead; routing_rebuild_linear: ffn_rebuild_linear=True; local: 8 local heads; *_bf16:
   activation_dtype=bfloat16, slow without AVX512_BF16).
 
 Ours runs with TF's default CPU allocator, what a user's process gets (`--tf-allocator bfc`: the
@@ -101,6 +101,7 @@ OURS = {  # name -> (train_step.py model, hparams overrides)
                                                             "logits_chunk_size": LOGITS_CHUNK,
                                                             "recompute_attention": True,
                                                             "recompute_keep_qkv": True}),
+    "routing_rebuild_linear": ("routing", {"ffn_rebuild_linear": True}),
     "local": ("local", {}),
     "routing_bf16": ("routing", {"activation_dtype": "bfloat16"}),
     "routing_recompute_chunked_bf16": ("routing", {"recompute_layers": True,

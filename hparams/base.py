@@ -117,6 +117,10 @@ def sparse_transformer_local():
       # to three more [batch, length, hidden] per block than recompute_keep_heads), so the
       # replays skip the projections too; the attention keeps them for its own recomputation.
       recompute_keep_qkv=False,
+      # GEGLU's backward pass keeps x W1 but not x W2, which it computes again one chunk of
+      # rows at a time (one more [length, hidden] x [hidden, filter] matmul per block); off in
+      # every set.
+      ffn_rebuild_linear=False,
       # Training loss from the output projection this many positions at a time, recomputed in
       # the backward pass (never the whole [batch, length, vocab] logits); 0: off.
       logits_chunk_size=0,

@@ -27,6 +27,8 @@ with and without `recompute_layers` and with float32 or bfloat16 activations:
               --recompute_keep heads / qkv (recompute_keep_heads / recompute_keep_qkv, with
               recompute_attention): each block also keeps its heads' output (and with qkv its
               q, k, v), which the re-run block then does not hold again.
+              --ffn_rebuild_linear (hparam of the same name): a block that is not re-run keeps
+              x W1 but not x W2 (its FFN backward pass computes x W2 again in chunks).
   total       params + grads + optimizer + activations
 
 bfloat16 activations: matmul inputs/outputs and GEGLU in bfloat16 (2 bytes), attention
@@ -36,6 +38,7 @@ differentiated, XLA scratch) are not counted: an estimate of what stays alive, n
 
 Usage: python scripts/memory_estimate.py [--vocab 32768] [--length 8192] [--logits_chunk_size 0]
                                          [--recompute_attention [--recompute_keep heads|qkv]]
+                                         [--ffn_rebuild_linear]
 """
 import argparse
 
@@ -126,11 +129,12 @@ def adafactor_slot_elements(shape):
   return _size(shape)
 
 
-def layer_activation_bytes(cfg, i, act, f32=4, recompute_attention=False):
+def layer_activation_bytes(cfg, i, act, f32=4, recompute_attention=False, rebuild_linear=False):
   """{component: bytes} the backward pass of decoder block i reads (one sequence; a block
   that is not re-run keeps all but REBUILT);
   recompute_attention: the local heads' attention and the routing heads' cluster attention are
-  recomputed (hparam of the same name)."""
+  recomputed (hparam of the same name); rebuild_linear: GEGLU keeps x W1 only (hparam
+  ffn_rebuild_linear)."""
   n, h, f = cfg["length"], cfg["hidden"], cfg["filter"]
   routing, local, d = layer_heads(cfg, i)
   routing_kept = 3  # q_hat and the gathered q and v
@@ -150,7 +154,8 @@ def layer_activation_bytes(cfg, i, act, f32=4, recompute_attention=False):
       "head_dense output": n * h * act if cfg["head_dense"] else 0,
       "post-norm LayerNorm inputs": 2 * n * h * f32,  # the norms keep only their inputs
       "ffn input": n * h * act,
-      "ffn intermediates": 2 * n * f * act,  # GEGLU: x W1, x W2; else relu in and out
+      # GEGLU: x W1, x W2 (x W1 with rebuild_linear); else relu in and out
+      "ffn intermediates": (1 if rebuild_linear and cfg["ffn"] == "geglu" else 2) * n * f * act,
   }
   return out
 
@@ -189,7 +194,7 @@ def replayed_bytes(cfg, layer, act, keep=""):
 
 
 def estimate(cfg, vocab=VOCAB, recompute=False, bf16=False, logits_chunk=0,
-             recompute_attention=False, keep=""):
+             recompute_attention=False, keep="", rebuild_linear=False):
   """Bytes per device of one training step; see the module docstring."""
   if keep and not recompute_attention:
     raise ValueError("keep=%r (recompute_keep_%s) takes effect only with recompute_attention"
@@ -199,8 +204,9 @@ def estimate(cfg, vocab=VOCAB, recompute=False, bf16=False, logits_chunk=0,
   params = sum(_size(s) for _, s, trainable in shapes if trainable) * 4
   slots = sum(adafactor_slot_elements(s) for _, s, trainable in shapes if trainable) * 4
   kmeans = sum(_size(s) for _, s, trainable in shapes if not trainable) * 4
-  layers = [layer_activation_bytes(cfg, i, act, recompute_attention=recompute_attention)
-            for i in range(cfg["layers"])]
+  layers = [layer_activation_bytes(cfg, i, act, recompute_attention=recompute_attention,
+                                   rebuild_linear=rebuild_linear and not recompute)  # re-run
+            for i in range(cfg["layers"])]  # blocks: their FFN computes x W1 and x W2 in chunks
   outside = sum(outside_activation_bytes(cfg, vocab, act, logits_chunk=logits_chunk).values())
   checkpoints = sum(block_checkpoints(cfg, layer, act, keep) for layer in layers)
   # The block being re-run: everything it saves but its checkpoints.
@@ -227,28 +233,32 @@ def main(argv=None):
                       help="the local heads' attention recomputed in the backward pass")
   parser.add_argument("--recompute_keep", choices=["heads", "qkv"], default="",
                       help="with --recompute_attention: recompute_keep_heads / recompute_keep_qkv")
+  parser.add_argument("--ffn_rebuild_linear", action="store_true",
+                      help="GEGLU keeps x W1 only, computing x W2 again in its backward pass")
   args = parser.parse_args(argv)
   if args.recompute_keep and not args.recompute_attention:
     parser.error("--recompute_keep takes effect only with --recompute_attention")
   cfg = dict(PG19_LOCAL_CLUSTER8K, length=args.length)
   print("pg19_local_cluster8k, one sequence of %d tokens per device, vocab %d (%s parameters), "
-        "logits_chunk_size %d, recompute_attention %s%s" % (
+        "logits_chunk_size %d, recompute_attention %s%s%s" % (
             cfg["length"], args.vocab, "{:,}".format(estimate(cfg, args.vocab)["parameters"]),
             args.logits_chunk_size, args.recompute_attention,
-            ", recompute_keep_" + args.recompute_keep if args.recompute_keep else ""))
+            ", recompute_keep_" + args.recompute_keep if args.recompute_keep else "",
+            ", ffn_rebuild_linear" if args.ffn_rebuild_linear else ""))
   print("\n| recompute_layers | activations | params | grads | Adafactor + k-means | "
         "activations (blocks + outside) | total GiB |\n|---|---|---|---|---|---|---|")
   for recompute in (False, True):
     for bf16 in (False, True):
       e = estimate(cfg, args.vocab, recompute, bf16, args.logits_chunk_size,
-                   args.recompute_attention, args.recompute_keep)
+                   args.recompute_attention, args.recompute_keep, args.ffn_rebuild_linear)
       print("| %s | %s | %.2f | %.2f | %.3f | %.2f (%.2f + %.2f) | **%.2f** |" % (
           recompute, "bfloat16" if bf16 else "float32", e["params"] / GIB, e["grads"] / GIB,
           e["optimizer"] / GIB, e["activations"] / GIB, e["block_activations"] / GIB,
           e["outside_activations"] / GIB, e["total"] / GIB))
   print("\nOne block's activations (float32):")
   for name, value in layer_activation_bytes(cfg, cfg["layers"] - 1, 4,
-                                            recompute_attention=args.recompute_attention).items():
+                                            recompute_attention=args.recompute_attention,
+                                            rebuild_linear=args.ffn_rebuild_linear).items():
     rebuilt = "  (rebuilt without recompute_layers)" if name in REBUILT else ""
     print("  %-40s %8.1f MiB%s" % (name, value / 2.0 ** 20, rebuilt))
 

@@ -131,3 +131,18 @@ def test_recompute_keep_moves_the_kept_tensors_into_the_checkpoints(bf16):
 def test_ffn_backward_rows_are_the_models():
   from routing_transformer.core import layers  # pylint: disable=g-import-not-at-top
   assert memory_estimate.FFN_BACKWARD_ROWS == layers.FFN_BACKWARD_ROWS
+
+
+@pytest.mark.parametrize("bf16", [False, True])
+def test_ffn_rebuild_linear_drops_x_w2_from_every_kept_block(bf16):
+  """--ffn_rebuild_linear: a block that is not re-run keeps x W1 [n, filter] but not x W2;
+  with recompute_layers nothing changes (the re-run block's FFN computes both in chunks)."""
+  cfg, act = memory_estimate.PG19_LOCAL_CLUSTER8K, 2 if bf16 else 4
+  n, f = cfg["length"], cfg["filter"]
+  plain, rebuilt = (memory_estimate.estimate(cfg, bf16=bf16, rebuild_linear=r)
+                    for r in (False, True))
+  assert plain["total"] - rebuilt["total"] == 22 * n * f * act
+  assert (memory_estimate.estimate(cfg, recompute=True, bf16=bf16, rebuild_linear=True) ==
+          memory_estimate.estimate(cfg, recompute=True, bf16=bf16))
+  layer = memory_estimate.layer_activation_bytes(cfg, 0, act, rebuild_linear=True)
+  assert layer["ffn intermediates"] == n * f * act

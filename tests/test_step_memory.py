@@ -143,7 +143,8 @@ def test_geglu_activation_gradient_equals_the_plain_gradient(rng):
     np.testing.assert_allclose(got, want, rtol=1e-12)
 
 
-def geglu_graph(rng, dtype, chunk_rows, plain=False, chunk_forward=False, keep_products=True):
+def geglu_graph(rng, dtype, chunk_rows, plain=False, chunk_forward=False, keep_products=True,
+                rebuild_linear=False):
   """(y, gradients of sum(y * cotangent) w.r.t. x and the three kernels, graph) of
   layers.geglu_ffn over chunks of `chunk_rows` positions (or, plain=True, of plain_geglu) on
   random x [2, 5, 8] and kernels (filter 24) in a new graph."""
@@ -155,31 +156,38 @@ def geglu_graph(rng, dtype, chunk_rows, plain=False, chunk_forward=False, keep_p
     cotangent = tf.constant(rng.standard_normal((2, 5, 8)), dtype)
     y = (plain_geglu(x, *kernels) if plain else
          layers.geglu_ffn(x, *kernels, chunk_rows=chunk_rows, chunk_forward=chunk_forward,
-                          keep_products=keep_products))
+                          keep_products=keep_products, rebuild_linear=rebuild_linear))
     grads = tf1.gradients(tf.reduce_sum(y * cotangent), [x] + kernels)
     values = run_graph([y, grads])
   return values, graph
 
 
-@pytest.mark.parametrize("keep_products", [True, False], ids=["products_kept", "x_only"])
+KEPT = {"products_kept": (True, False), "x_only": (False, False), "gate_only": (True, True)}
+# what the backward pass reads of the forward's products: name -> the scopes that made them
+KEPT_READ = {"products_kept": {"weight1", "weight2"}, "x_only": set(), "gate_only": {"weight1"}}
+
+
+@pytest.mark.parametrize("kept", list(KEPT))
 @pytest.mark.parametrize("dtype,rtol,chunk_rows", [
     (tf.float64, 1e-12, 3),   # 10 positions: chunks of 3, 3, 3 and 1
     (tf.float64, 1e-12, 5),
     (tf.float64, 1e-12, 64),  # one chunk
     (tf.float32, 1e-5, 4)])
-def test_geglu_chunked_backward_equals_the_plain_gradient(dtype, rtol, chunk_rows, keep_products):
+def test_geglu_chunked_backward_equals_the_plain_gradient(dtype, rtol, chunk_rows, kept):
   """The GEGLU block's backward pass over chunks of positions: the output is the plain ops' bit
   for bit, the gradients w.r.t. x and every kernel equal the plain ones. It reads the forward's
-  x W1 and x W2, or with keep_products=False only x (each chunk computes its rows of them)."""
+  x W1 and x W2, with keep_products=False only x (each chunk computes its rows of them), with
+  rebuild_linear x W1 but not x W2."""
+  keep_products, rebuild_linear = KEPT[kept]
   (y, grads), graph = geglu_graph(np.random.default_rng(7), dtype, chunk_rows,
-                                  keep_products=keep_products)
+                                  keep_products=keep_products, rebuild_linear=rebuild_linear)
   (y_plain, grads_plain), _ = geglu_graph(np.random.default_rng(7), dtype, chunk_rows,
                                           plain=True)
   np.testing.assert_array_equal(y, y_plain)
   for got, want, name in zip(grads, grads_plain, ["x", "weight1", "weight2", "weight3"]):
     assert np.abs(want).max() > 0, name
     np.testing.assert_allclose(got, want, rtol=rtol, atol=rtol * np.abs(want).max(), err_msg=name)
-  assert bool(forward_products_read_backward(graph)) == keep_products
+  assert forward_product_scopes_read_backward(graph) == KEPT_READ[kept]
 
 
 def forward_products_read_backward(graph):
@@ -188,6 +196,17 @@ def forward_products_read_backward(graph):
       "gradients") and forward.type != "Const" for t in forward.outputs
           if t.shape.rank and t.shape[-1] == 24 and t.shape.as_list() != [8, 24]
           for op in t.consumers() if op.name.startswith("gradients")]
+
+
+def forward_product_scopes_read_backward(graph):
+  """Which forward [positions, filter 24] tensors gradient ops read, by the name scope that made
+  them (weight1 for x W1, weight2 for x W2; any other tensor by its op's name)."""
+  def scope(name):
+    return next((part for part in name.split("/") if part in ("weight1", "weight2")), name)
+  return {scope(t.op.name) for op in graph.get_operations() if op.name.startswith("gradients")
+          for t in op.inputs
+          if not t.op.name.startswith("gradients") and t.op.type != "Const" and t.shape.rank
+          and t.shape[-1] == 24 and t.shape.as_list() != [8, 24]}
 
 
 def wide_backward_tensors(graph, filters, most_rows):
@@ -233,12 +252,14 @@ def test_geglu_takes_at_most_sixteen_chunks_where_it_keeps_the_products():
   assert {tuple(op.outputs[0].shape.as_list()) for op in slices} == {(4096, 4), (4096, 8)}
 
 
+@pytest.mark.parametrize("rebuild_linear", [False, True], ids=["products_kept", "gate_only"])
 @pytest.mark.parametrize("dtype,rtol,chunk_rows", [
     (tf.float64, 1e-12, 3), (tf.float64, 1e-12, 64), (tf.float32, 1e-5, 4)])
-def test_geglu_chunked_forward_equals_the_plain_ops(dtype, rtol, chunk_rows):
-  """chunk_forward (training): gelu(a) * b and its product with W3 over chunks of positions;
-  the output and every gradient equal the plain ops'."""
-  (y, grads), _ = geglu_graph(np.random.default_rng(7), dtype, chunk_rows, chunk_forward=True)
+def test_geglu_chunked_forward_equals_the_plain_ops(dtype, rtol, chunk_rows, rebuild_linear):
+  """chunk_forward (training): gelu(a) * b and its product with W3 over chunks of positions
+  (with rebuild_linear b = x W2 too); the output and every gradient equal the plain ops'."""
+  (y, grads), _ = geglu_graph(np.random.default_rng(7), dtype, chunk_rows, chunk_forward=True,
+                              rebuild_linear=rebuild_linear)
   (y_plain, grads_plain), _ = geglu_graph(np.random.default_rng(7), dtype, chunk_rows,
                                           plain=True)
   np.testing.assert_allclose(y, y_plain, rtol=rtol, atol=rtol * np.abs(y_plain).max())
@@ -268,6 +289,28 @@ def test_geglu_chunked_forward_temporaries_hold_one_chunk_of_positions():
   assert len(waiting) == 3 * 2  # every chunk after the first
 
 
+def test_geglu_rebuild_linear_computes_x_w2_one_chunk_at_a_time_in_both_passes():
+  """With rebuild_linear and chunk_forward no [positions, filter] tensor over more than one chunk
+  exists but a = x W1 (the forward's only whole product, the one the backward pass reads), and
+  the backward pass computes each chunk's x W2 with the forward's op: a MatMul of the chunk's
+  rows of x and W2, once per chunk in each pass."""
+  _, graph = geglu_graph(np.random.default_rng(7), tf.float32, 3, chunk_forward=True,
+                         rebuild_linear=True)
+  wide = [op.name for op in graph.get_operations()
+          if op.type not in ("Reshape", "Identity", "IdentityN", "Const")
+          and any(t.shape.rank and t.shape[-1] == 24 and t.shape.num_elements() > 3 * 24
+                  and t.shape.as_list() != [8, 24] for t in op.outputs)]
+  assert len(wide) == 1 and "weight1" in wide[0], wide
+  assert forward_product_scopes_read_backward(graph) == {"weight1"}
+  w2 = graph.get_tensor_by_name("Const_2:0")  # geglu_graph's constants: x, W1, W2, W3, ...
+  assert w2.shape.as_list() == [8, 24]
+  w2_products = [op for op in graph.get_operations() if op.type == "MatMul"
+                 and op.inputs[1] is w2 and op.inputs[0].shape.as_list()[0] <= 3]
+  forward = [op for op in w2_products if not op.name.startswith("gradients")]
+  backward = [op for op in w2_products if op.name.startswith("gradients")]
+  assert len(forward) == len(backward) == 4, [op.name for op in w2_products]
+
+
 def test_model_gradients_with_a_chunked_ffn_backward_equal_one_chunk(rng, monkeypatch):
   """The whole training step with the FFN backward in chunks of 48 of the 2 x 64 positions
   (48, 48, 32) and in one chunk: the same loss, every gradient equal."""
@@ -280,6 +323,23 @@ def test_model_gradients_with_a_chunked_ffn_backward_equal_one_chunk(rng, monkey
   assert set(grads2) == set(grads)
   ffn = [name for name in grads if "/ffn/weight" in name]
   assert len(ffn) == 6, ffn  # 2 layers x 3 kernels
+  for name, g in grads.items():
+    np.testing.assert_allclose(grads2[name], g, rtol=1e-5, atol=1e-6, err_msg=name)
+
+
+@pytest.mark.parametrize("recompute_layers", [False, True], ids=["plain", "recompute_layers"])
+def test_model_step_with_ffn_rebuild_linear_equals_the_kept_products(rng, monkeypatch,
+                                                                    recompute_layers):
+  """The hparam ffn_rebuild_linear (GEGLU's backward pass computes x W2 again in chunks): the
+  same loss and every gradient equal to the step that keeps x W2, with and without
+  recompute_layers (whose replay keeps neither product anyway), chunks of 48 positions."""
+  features = {"targets": random_targets(rng, length=64, pad_from=50)}
+  monkeypatch.setattr(layers, "FFN_BACKWARD_ROWS", 48)
+  before, loss, grads, _ = model_step(small_hparams(recompute_layers=recompute_layers), features)
+  _, loss2, grads2, _ = model_step(
+      small_hparams(recompute_layers=recompute_layers, ffn_rebuild_linear=True), features, before)
+  np.testing.assert_allclose(loss2, loss, rtol=1e-6)
+  assert set(grads2) == set(grads) and len([n for n in grads if "/ffn/weight" in n]) == 6
   for name, g in grads.items():
     np.testing.assert_allclose(grads2[name], g, rtol=1e-5, atol=1e-6, err_msg=name)
 

@@ -431,7 +431,8 @@ def row_chunks(rows, size):
   return [(start, min(size, rows - start)) for start in range(0, rows, size)]
 
 
-def geglu_ffn(x, w1, w2, w3, chunk_rows=None, chunk_forward=False, keep_products=True):
+def geglu_ffn(x, w1, w2, w3, chunk_rows=None, chunk_forward=False, keep_products=True,
+              rebuild_linear=False):
   """The GEGLU block (gelu(x W1) * (x W2)) W3: x [..., hidden] (leading dims static), kernels
   [hidden, f], [hidden, f], [f, hidden] -> [..., hidden].
 
@@ -449,25 +450,34 @@ def geglu_ffn(x, w1, w2, w3, chunk_rows=None, chunk_forward=False, keep_products
   plain ops' up to the matmul's rounding of row blocks. With `keep_products` False the backward
   pass keeps only x and each chunk computes its rows of a and b anew: for a re-run whose output is
   not needed (`recompute_layers`' replay, where x W1 and x W2 would be computed only for this
-  backward pass), the same matmuls, and no [positions, f] tensor at all."""
+  backward pass), the same matmuls, and no [positions, f] tensor at all. With `rebuild_linear`
+  (and `keep_products`) the backward pass keeps a but not b: each chunk computes its rows of
+  b = x W2 anew (one more [rows, hidden] x [hidden, f] matmul per chunk), and with
+  `chunk_forward` the forward pass computes b one chunk of rows at a time too (the same matmul on
+  the same rows, so the backward pass's b is the forward's, bit for bit)."""
   rows = x.shape[:-1].num_elements()
   chunk_rows = chunk_rows or ffn_chunk_rows(rows, keep_products)
+  keep_b = keep_products and not rebuild_linear
 
   @tf.custom_gradient
   def block(x, w1, w2, w3):
     with tf.name_scope("weight1"):  # the block's gradient is `grad`: TF's products suffice
       a = kernel_product(x, w1)
-    with tf.name_scope("weight2"):
-      b = kernel_product(x, w2)
+    b = None
+    if keep_b or not chunk_forward:  # else each forward chunk computes its rows of b
+      with tf.name_scope("weight2"):
+        b = kernel_product(x, w2)
 
     def grad(dy):
-      kept = (rebuild.for_gradient(x, dy), dy) + ((a, b) if keep_products else ())
+      kept = ((rebuild.for_gradient(x, dy), dy) + ((a,) if keep_products else ()) +
+              ((b,) if keep_b else ()))
       flat = [tf.reshape(t, [rows, t.shape[-1]]) for t in kept]
       dxs, sums, after = [], None, [dy]
       for start, size in row_chunks(rows, chunk_rows):
         with tf.control_dependencies(after):  # one chunk after the other
           x_c, dy_c, *products = [tf.slice(t, [start, 0], [size, -1]) for t in flat]
-        a_c, b_c = products or (tf.matmul(x_c, w1), tf.matmul(x_c, w2))
+        a_c = products[0] if products else tf.matmul(x_c, w1)
+        b_c = products[1] if len(products) > 1 else tf.matmul(x_c, w2)
         da, db, dw3 = tf.gradients(tf.matmul(geglu_hidden(a_c, b_c), w3), [a_c, b_c, w3], dy_c)
         dxs.append(matmul_nt(da, w1) + matmul_nt(db, w2))
         parts = [tf.matmul(x_c, da, transpose_a=True), tf.matmul(x_c, db, transpose_a=True), dw3]
@@ -478,11 +488,13 @@ def geglu_ffn(x, w1, w2, w3, chunk_rows=None, chunk_forward=False, keep_products
 
     if not chunk_forward:
       return kernel_product(geglu_hidden(a, b), w3), grad
-    flat_a, flat_b = [tf.reshape(t, [rows, t.shape[-1]]) for t in (a, b)]
+    flat = [tf.reshape(t, [rows, t.shape[-1]]) for t in (a, b if b is not None else x)]
     ys = []
     for start, size in row_chunks(rows, chunk_rows):
       with tf.control_dependencies(ys[-1:]):  # one chunk after the other
-        a_c, b_c = [tf.slice(t, [start, 0], [size, -1]) for t in (flat_a, flat_b)]
+        a_c, b_c = [tf.slice(t, [start, 0], [size, -1]) for t in flat]
+      if b is None:  # b_c is x's rows: their b, as the backward pass computes it
+        b_c = tf.matmul(b_c, w2)
       ys.append(tf.matmul(geglu_hidden(a_c, b_c), w3))
     y = tf.concat(ys, axis=0) if len(ys) > 1 else ys[0]
     return tf.reshape(y, x.shape[:-1].as_list() + [w3.shape[-1]]), grad
@@ -496,7 +508,8 @@ def ffn(x, hparams, train=False, keep_products=True):
   GEGLU (variables `weight1/kernel`, `weight2/kernel`, `weight3/kernel`, as `dense` creates
   them) keeps only x, x W1 and x W2 for its backward pass (only x without `keep_products`),
   which runs `ffn_chunk_rows` positions at a time, as does the training forward past the two
-  matmuls (`geglu_ffn`); with relu_dropout in training, or leading dims not static,
+  matmuls (`geglu_ffn`); with the hparam `ffn_rebuild_linear` it keeps x W1 but not x W2, which
+  each chunk computes anew. With relu_dropout in training, or leading dims not static,
   `geglu_activation` / `geglu_output` on the whole tensors."""
   if hparams.ffn_layer == "geglu":
     dtype, hidden, filters = x.dtype.base_dtype, x.shape[-1], hparams.filter_size
@@ -505,7 +518,8 @@ def ffn(x, hparams, train=False, keep_products=True):
     w3 = tf.convert_to_tensor(dense_kernel("weight3", filters, hparams.hidden_size, dtype))
     dropout = train and hparams.relu_dropout
     if x.shape[:-1].is_fully_defined() and not dropout:
-      return geglu_ffn(x, w1, w2, w3, chunk_forward=train, keep_products=keep_products)
+      return geglu_ffn(x, w1, w2, w3, chunk_forward=train, keep_products=keep_products,
+                       rebuild_linear=bool(hparams.get("ffn_rebuild_linear", False)))
     with tf.name_scope("weight1"):
       a = apply_kernel(x, w1)
     with tf.name_scope("weight2"):
