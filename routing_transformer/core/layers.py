@@ -458,13 +458,14 @@ def geglu_ffn(x, w1, w2, w3, chunk_rows=None, chunk_forward=False, keep_products
   rows = x.shape[:-1].num_elements()
   chunk_rows = chunk_rows or ffn_chunk_rows(rows, keep_products)
   keep_b = keep_products and not rebuild_linear
+  rows_of_b = chunk_forward and keep_products and rebuild_linear  # b only per forward chunk
 
   @tf.custom_gradient
   def block(x, w1, w2, w3):
     with tf.name_scope("weight1"):  # the block's gradient is `grad`: TF's products suffice
       a = kernel_product(x, w1)
     b = None
-    if keep_b or not chunk_forward:  # else each forward chunk computes its rows of b
+    if not rows_of_b:
       with tf.name_scope("weight2"):
         b = kernel_product(x, w2)
 
