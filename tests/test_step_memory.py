@@ -344,6 +344,20 @@ def test_model_step_with_ffn_rebuild_linear_equals_the_kept_products(rng, monkey
     np.testing.assert_allclose(grads2[name], g, rtol=1e-5, atol=1e-6, err_msg=name)
 
 
+def test_model_step_with_ffn_rebuild_linear_in_bfloat16(rng):
+  """ffn_rebuild_linear with bfloat16 activations (x W2 a bfloat16 product of the rebuilt
+  bfloat16 cast of the norm): the same loss, every gradient along the kept products' (cosine)."""
+  features = {"targets": random_targets(rng, length=64, pad_from=50)}
+  before, loss, grads, _ = model_step(small_hparams(activation_dtype="bfloat16"), features)
+  _, loss2, grads2, _ = model_step(
+      small_hparams(activation_dtype="bfloat16", ffn_rebuild_linear=True), features, before)
+  np.testing.assert_allclose(loss2, loss, rtol=1e-3)
+  assert set(grads2) == set(grads)
+  for name, g in grads.items():
+    cosine = np.sum(g * grads2[name]) / (np.linalg.norm(g) * np.linalg.norm(grads2[name]))
+    assert cosine > 0.999, (name, cosine)
+
+
 # --- chunked output projection + cross-entropy ------------------------------------------------
 
 def sparse_xent(logits, labels):
