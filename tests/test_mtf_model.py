@@ -221,6 +221,8 @@ def test_initial_loss_is_near_uniform(reference):
     (dict(num_encoder_layers=2), "routing_transformer_mtf is decoder-only"),
     (dict(mesh_shape="model=2"), "cannot parse mesh_shape"),
     (dict(legacy_kmeans_counts=True), "legacy_kmeans_counts=True is not supported"),
+    (dict(recompute_layers=True, ffn_rebuild_linear=True),
+     "recompute_layers, ffn_rebuild_linear: memory switches of --model=routing_transformer"),
 ])
 def test_unsupported_hparams_fail_with_the_fix(modules, overrides, message):
   _, _, model = modules

@@ -103,6 +103,11 @@ def check_hparams(hparams, length=None):
     problems.append("weight_dtype=%r is not supported: the variables are float32 (bfloat16 "
                     "activations: activation_dtype='bfloat16'); use weight_dtype='float32'"
                     % hparams.weight_dtype)
+  if hparams.get("ffn_rebuild_linear", False) and (hparams.ffn_layer != "geglu" or
+                                                   hparams.relu_dropout):
+    problems.append("ffn_rebuild_linear=True applies to GEGLU's chunked block, which runs with "
+                    "ffn_layer='geglu' and relu_dropout=0 (got %r and %s); set those or "
+                    "ffn_rebuild_linear=False" % (hparams.ffn_layer, hparams.relu_dropout))
   if problems:
     raise HParamsError("Inconsistent hparams for routing_transformer: " + "; ".join(problems))
 

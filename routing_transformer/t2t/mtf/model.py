@@ -85,6 +85,13 @@ def check_mtf_hparams(hparams, vocab_size=None):
   if hparams.get("legacy_kmeans_counts", False):
     problems.append("legacy_kmeans_counts=True is not supported by routing_transformer_mtf; use "
                     "--model=routing_transformer")
+  tf_graph_only = [name for name in ("recompute_layers", "recompute_attention",
+                                      "logits_chunk_size", "ffn_rebuild_linear")
+                   if hparams.values().get(name)]
+  if tf_graph_only:
+    problems.append("%s: memory switches of --model=routing_transformer, which "
+                    "routing_transformer_mtf does not read (Mesh-TF's XLA compilation decides "
+                    "what it keeps); unset them" % ", ".join(tf_graph_only))
   if hparams.get("full_attention", False):
     problems.append("full_attention=True is not supported by routing_transformer_mtf; use "
                     "--model=routing_transformer")
