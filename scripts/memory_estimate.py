@@ -204,9 +204,11 @@ def estimate(cfg, vocab=VOCAB, recompute=False, bf16=False, logits_chunk=0,
   params = sum(_size(s) for _, s, trainable in shapes if trainable) * 4
   slots = sum(adafactor_slot_elements(s) for _, s, trainable in shapes if trainable) * 4
   kmeans = sum(_size(s) for _, s, trainable in shapes if not trainable) * 4
+  # rebuild_linear only where blocks are not re-run (a re-run block's FFN computes x W1 and
+  # x W2 in chunks anyway)
   layers = [layer_activation_bytes(cfg, i, act, recompute_attention=recompute_attention,
-                                   rebuild_linear=rebuild_linear and not recompute)  # re-run
-            for i in range(cfg["layers"])]  # blocks: their FFN computes x W1 and x W2 in chunks
+                                   rebuild_linear=rebuild_linear and not recompute)
+            for i in range(cfg["layers"])]
   outside = sum(outside_activation_bytes(cfg, vocab, act, logits_chunk=logits_chunk).values())
   checkpoints = sum(block_checkpoints(cfg, layer, act, keep) for layer in layers)
   # The block being re-run: everything it saves but its checkpoints.

@@ -190,14 +190,6 @@ def test_geglu_chunked_backward_equals_the_plain_gradient(dtype, rtol, chunk_row
   assert forward_product_scopes_read_backward(graph) == KEPT_READ[kept]
 
 
-def forward_products_read_backward(graph):
-  """Gradient ops reading a forward tensor of [positions, filter 24] (the kernels apart)."""
-  return [op.name for forward in graph.get_operations() if not forward.name.startswith(
-      "gradients") and forward.type != "Const" for t in forward.outputs
-          if t.shape.rank and t.shape[-1] == 24 and t.shape.as_list() != [8, 24]
-          for op in t.consumers() if op.name.startswith("gradients")]
-
-
 def forward_product_scopes_read_backward(graph):
   """Which forward [positions, filter 24] tensors gradient ops read, by the name scope that made
   them (weight1 for x W1, weight2 for x W2; any other tensor by its op's name)."""
@@ -207,6 +199,15 @@ def forward_product_scopes_read_backward(graph):
           for t in op.inputs
           if not t.op.name.startswith("gradients") and t.op.type != "Const" and t.shape.rank
           and t.shape[-1] == 24 and t.shape.as_list() != [8, 24]}
+
+
+def wide_forward_ops(graph):
+  """Forward ops (views apart) with an output of [positions, filter 24] over more than one chunk
+  of 3 positions (the kernels [8, 24] apart)."""
+  return [op.name for op in graph.get_operations()
+          if not op.name.startswith("gradients") and op.type not in ("Reshape", "Identity")
+          and any(t.shape.rank and t.shape[-1] == 24 and t.shape.num_elements() > 3 * 24
+                  and t.shape.as_list() != [8, 24] for t in op.outputs)]
 
 
 def wide_backward_tensors(graph, filters, most_rows):
@@ -272,15 +273,10 @@ def test_geglu_chunked_forward_temporaries_hold_one_chunk_of_positions():
   """With chunk_forward the forward pass's only [positions, filter] tensors over more than one
   chunk are the two matmul outputs a and b (the plain forward also holds gelu's intermediates and
   the product over all 10 positions), and its chunks run one after the other."""
-  def wide_forward(graph):
-    return [op.name for op in graph.get_operations()
-            if not op.name.startswith("gradients") and op.type not in ("Reshape", "Identity")
-            and any(t.shape.rank and t.shape[-1] == 24 and t.shape.num_elements() > 3 * 24
-                    and t.shape.as_list() != [8, 24] for t in op.outputs)]
   _, graph = geglu_graph(np.random.default_rng(7), tf.float32, 3, chunk_forward=True)
   _, unchunked = geglu_graph(np.random.default_rng(7), tf.float32, 3)
-  assert len(wide_forward(unchunked)) >= 5
-  wide = wide_forward(graph)
+  assert len(wide_forward_ops(unchunked)) >= 5
+  wide = wide_forward_ops(graph)
   assert len(wide) == 2 and all("weight" in name for name in wide), wide
   slices = [op for op in graph.get_operations()
             if not op.name.startswith("gradients") and op.type == "Slice"]
@@ -296,11 +292,9 @@ def test_geglu_rebuild_linear_computes_x_w2_one_chunk_at_a_time_in_both_passes()
   rows of x and W2, once per chunk in each pass."""
   _, graph = geglu_graph(np.random.default_rng(7), tf.float32, 3, chunk_forward=True,
                          rebuild_linear=True)
-  wide = [op.name for op in graph.get_operations()
-          if op.type not in ("Reshape", "Identity", "IdentityN", "Const")
-          and any(t.shape.rank and t.shape[-1] == 24 and t.shape.num_elements() > 3 * 24
-                  and t.shape.as_list() != [8, 24] for t in op.outputs)]
+  wide = wide_forward_ops(graph)
   assert len(wide) == 1 and "weight1" in wide[0], wide
+  assert not wide_backward_tensors(graph, 24, 3)
   assert forward_product_scopes_read_backward(graph) == {"weight1"}
   w2 = graph.get_tensor_by_name("Const_2:0")  # geglu_graph's constants: x, W1, W2, W3, ...
   assert w2.shape.as_list() == [8, 24]

@@ -489,13 +489,13 @@ def geglu_ffn(x, w1, w2, w3, chunk_rows=None, chunk_forward=False, keep_products
 
     if not chunk_forward:
       return kernel_product(geglu_hidden(a, b), w3), grad
-    flat = [tf.reshape(t, [rows, t.shape[-1]]) for t in (a, b if b is not None else x)]
+    # with rows_of_b each chunk computes b from its rows of x, as the backward pass does
+    flat = [tf.reshape(t, [rows, t.shape[-1]]) for t in (a, x if rows_of_b else b)]
     ys = []
     for start, size in row_chunks(rows, chunk_rows):
       with tf.control_dependencies(ys[-1:]):  # one chunk after the other
-        a_c, b_c = [tf.slice(t, [start, 0], [size, -1]) for t in flat]
-      if b is None:  # b_c is x's rows: their b, as the backward pass computes it
-        b_c = tf.matmul(b_c, w2)
+        a_c, rows_c = [tf.slice(t, [start, 0], [size, -1]) for t in flat]
+      b_c = tf.matmul(rows_c, w2) if rows_of_b else rows_c
       ys.append(tf.matmul(geglu_hidden(a_c, b_c), w3))
     y = tf.concat(ys, axis=0) if len(ys) > 1 else ys[0]
     return tf.reshape(y, x.shape[:-1].as_list() + [w3.shape[-1]]), grad
