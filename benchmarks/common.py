@@ -52,6 +52,40 @@ def median_time(fn, steps, warmup=0):
   return times[len(times) // 2]
 
 
+def interleaved_times(fns, rounds, warmup=0, clock=time.perf_counter):
+  """{name: [wall seconds per round]} of the callables {name: fn} timed side by side in one
+  process: each of `rounds` rounds calls every fn once, in the dict's order in even rounds and
+  in reverse in odd ones, so a drift of the machine's speed reaches every fn alike; `warmup`
+  untimed rounds first. Ratios of these times resolve differences that the run-to-run spread
+  between processes (a few percent on the 2-core machines here) hides."""
+  names = list(fns)
+  times = {name: [] for name in names}
+  for r in range(warmup + rounds):
+    for name in (names if r % 2 == 0 else names[::-1]):
+      started = clock()
+      fns[name]()
+      if r >= warmup:
+        times[name].append(clock() - started)
+  return times
+
+
+def median(values):
+  """The median of a non-empty sequence (the mean of the middle two for an even count)."""
+  ordered = sorted(values)
+  middle = len(ordered) // 2
+  return ordered[middle] if len(ordered) % 2 else 0.5 * (ordered[middle - 1] + ordered[middle])
+
+
+def interleaved_summary(times, reference):
+  """From `interleaved_times`' {name: [seconds]}: {name: {"seconds_per_step": median,
+  "over_reference": median over rounds of the round's time / `reference`'s in the same round}}."""
+  summary = {}
+  for name, seconds in times.items():
+    ratios = [s / r for s, r in zip(seconds, times[reference])]
+    summary[name] = {"seconds_per_step": median(seconds), "over_reference": median(ratios)}
+  return summary
+
+
 def peak_bytes(fn):
   """Peak TF tensor bytes in use while fn() runs, above what was in use before; None (fn still
   run) where the CPU allocator keeps no statistics: TF's default allocator without oneDNN, as on

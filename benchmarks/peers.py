@@ -43,6 +43,10 @@ Prints one JSON line per record, the ratios ours / peer, a markdown table, and w
 benchmarks/results/peers.json. `--profile` then traces one more step on each side (after the
 timing and the peak are read): op time and memory allocated by op type, from TF's RunMetadata
 and torch.profiler, with the share of time in dense matmuls (docs/performance.md).
+`--interleave` also builds every --ours configuration in one more process and times them side by
+side, one step of each per round in alternating order: the median of each round's time ratio to
+the first configuration resolves differences of a percent or two, where separate processes of
+the same configuration spread by a few percent (time only: that process's RSS holds them all).
 """
 import argparse
 import json
@@ -270,6 +274,30 @@ def ours_worker(name, steps, length, threads, warmup, profile=False):
   return record
 
 
+def interleaved_worker(names, steps, length, threads, warmup):
+  """Times our configurations `names` side by side in this one process: each built in its own
+  graph and session, its first step run, then `steps` rounds of one step of each in alternating
+  order (`common.interleaved_times`). Time only: every graph lives in this process, so its RSS
+  says nothing about one configuration's memory."""
+  import common  # pylint: disable=g-import-not-at-top
+  if any(name.endswith("_xla") for name in names):
+    common.enable_cpu_xla_autoclustering()  # clusters only in the _xla configurations' sessions
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  import train_step  # pylint: disable=g-import-not-at-top
+  common.start("peers_interleaved", config="bench-8k", length=length)
+  tf.config.threading.set_intra_op_parallelism_threads(threads)
+  runs = {}
+  for name in names:
+    model, overrides = OURS[name]
+    runs[name], _ = train_step.build_train_step(model, length, overrides,
+                                                xla=name.endswith("_xla"))
+    runs[name]()  # the first step (graph optimisation, allocations), untimed
+  times = common.interleaved_times(runs, steps, warmup=max(warmup - 1, 0))
+  return {"record": "interleaved", "names": names, "reference": names[0], "steps": steps,
+          "threads": threads, "tensorflow": tf.__version__,
+          "configurations": common.interleaved_summary(times, names[0]), "seconds": times}
+
+
 def profile_table(records, top=12):
   """Markdown: the top op types by time and by memory of each side's traced step."""
   lines = []
@@ -286,6 +314,17 @@ def profile_table(records, top=12):
       m = p["mb_by_op"][i] if i < len(p["mb_by_op"]) else ("", 0.0)
       lines.append("| %s | %.0f | %.2f | %s | %.0f |" % (t[0], t[1], t[1] / p["total_ms"],
                                                           m[0], m[1]))
+  return "\n".join(lines)
+
+
+def interleaved_table(record):
+  """Markdown table of an interleaved record: each configuration's median step time in the one
+  process and the median of its per-round ratios to the reference (the first --ours)."""
+  lines = ["\nside by side in one process (%d interleaved rounds; time only):" % record["steps"],
+           "\n| ours | s/step | / %s, per round |\n|---|---|---|" % record["reference"]]
+  for name in record["names"]:
+    c = record["configurations"][name]
+    lines.append("| %s | %.2f | %.3f |" % (name, c["seconds_per_step"], c["over_reference"]))
   return "\n".join(lines)
 
 
@@ -312,12 +351,17 @@ def main(argv=None):
   parser.add_argument("--threads", type=int, default=os.cpu_count())
   parser.add_argument("--ours", default="routing",
                       help="comma-separated configurations of ours: " + ", ".join(OURS))
-  parser.add_argument("--worker", choices=["peer", "ours", "tf_matmul", "torch_matmul"],
+  parser.add_argument("--worker", choices=["peer", "ours", "ours_interleaved", "tf_matmul",
+                                           "torch_matmul"],
                       help=argparse.SUPPRESS)
   parser.add_argument("--name", help=argparse.SUPPRESS)
   parser.add_argument("--profile", action="store_true",
                       help="also trace one step per side after timing: op time and memory by "
                       "op type (TF RunMetadata, torch.profiler)")
+  parser.add_argument("--interleave", action="store_true",
+                      help="also time the --ours configurations side by side in one more "
+                      "process (steps interleaved, alternating order): their time ratios to "
+                      "the first one, free of the spread between processes (time only)")
   parser.add_argument("--tf-allocator", choices=["default", "bfc"], default="default",
                       help="TF's CPU allocator in our workers: its default (what a user's "
                       "process gets) or BFC (TF_CPU_ALLOCATOR_USE_BFC=true, the other "
@@ -336,6 +380,9 @@ def main(argv=None):
       record = torch_matmul_worker(args.threads)
     elif args.worker == "tf_matmul":
       record = tf_matmul_worker(args.threads)
+    elif args.worker == "ours_interleaved":
+      record = interleaved_worker(args.name.split(","), args.steps, args.length, args.threads,
+                                  args.warmup)
     else:
       record = ours_worker(args.name, args.steps, args.length, args.threads, args.warmup,
                            args.profile)
@@ -370,6 +417,10 @@ def main(argv=None):
   for name in names:
     mine[name] = run_worker(sys.executable, "ours", args, name)
     common.emit(mine[name])
+  interleaved = None
+  if args.interleave and len(names) > 1:
+    interleaved = run_worker(sys.executable, "ours_interleaved", args, ",".join(names))
+    common.emit(interleaved)
   ended = measure_rates("end")
   matmul = {framework: dict(common.steady_matmul_rate(started[framework], ended[framework]),
                             when="higher of start and end")
@@ -425,14 +476,17 @@ def main(argv=None):
         ratios["peak_rss_%s_over_peer" % name],
         "; utilisation of the bfloat16 matmul rate %.2f" % r["utilisation_bfloat16"]
         if "utilisation_bfloat16" in r else ""))
+  if interleaved:
+    print(interleaved_table(interleaved))
   if args.profile:
     print(profile_table(dict(mine, peer=peer)))
   common.save(args.out, "peers.json", {"machine": info, "matmul": matmul, "ours": mine,
-                                       "peer": peer, "ratio": ratios})
+                                       "peer": peer, "ratio": ratios,
+                                       "interleaved": interleaved})
 
 
 if __name__ == "__main__":
-  if "--worker" in sys.argv and "ours" not in sys.argv and "tf_matmul" not in sys.argv:
+  if "--worker" in sys.argv and not {"ours", "ours_interleaved", "tf_matmul"} & set(sys.argv):
     main()  # the peer venv: no TensorFlow, no re-exec
   else:
     sys.path.insert(0, HERE)

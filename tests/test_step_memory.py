@@ -1080,6 +1080,41 @@ def test_steady_matmul_rate_takes_the_higher_of_start_and_end():
   assert "utilisation" not in records[1]
 
 
+def test_interleaved_times_alternate_the_order_and_ratio_within_rounds():
+  """bench-peers --interleave: every round calls each configuration once, in order in even
+  rounds and reversed in odd ones, warm-up rounds untimed; a configuration's ratio is the median
+  of its per-round ratios to the reference, so a round where the machine ran slow for all of them
+  (round 2 below) leaves the ratio alone."""
+  common = benchmark_module("common")
+  calls, now = [], [0.0]
+  durations = {"a": [9.0, 1.0, 1.0, 3.0, 1.0], "b": [9.0, 1.2, 1.1, 3.3, 1.1],
+               "c": [9.0, 2.0, 2.0, 6.0, 2.0]}  # one row per round, the first a warm-up
+
+  def fn(name):
+    def call():
+      now[0] += durations[name][sum(1 for c in calls if c == name)]
+      calls.append(name)
+    return call
+
+  times = common.interleaved_times({n: fn(n) for n in "abc"}, rounds=4, warmup=1,
+                                   clock=lambda: now[0])
+  assert "".join(calls) == "abc" + "cba" + "abc" + "cba" + "abc"
+  expected = {"a": [1.0, 1.0, 3.0, 1.0], "b": [1.2, 1.1, 3.3, 1.1], "c": [2.0, 2.0, 6.0, 2.0]}
+  assert set(times) == set(expected)
+  for name, seconds in expected.items():
+    assert times[name] == pytest.approx(seconds)
+  summary = common.interleaved_summary(times, "a")
+  assert summary["a"]["over_reference"] == 1.0
+  assert summary["a"]["seconds_per_step"] == pytest.approx(1.0)
+  assert summary["b"]["seconds_per_step"] == pytest.approx(1.15)
+  assert summary["b"]["over_reference"] == pytest.approx(1.1)  # rounds' ratios 1.2, 1.1, 1.1, 1.1
+  assert summary["c"]["over_reference"] == pytest.approx(2.0)
+  assert common.median([3.0, 1.0, 2.0]) == 2.0 and common.median([4.0, 1.0]) == 2.5
+  table = benchmark_module("peers").interleaved_table(
+      {"steps": 4, "reference": "a", "names": ["a", "b", "c"], "configurations": summary})
+  assert "| b | 1.15 | 1.100 |" in table and "| c | 2.00 | 2.000 |" in table
+
+
 def test_peak_bytes_without_allocator_statistics_runs_fn_and_reports_none(monkeypatch):
   """TF's default CPU allocator without oneDNN (an AVX2-only CPU) keeps no statistics and
   reset_memory_stats raises: peak_bytes still runs fn once and reports None, so bench-peers'
