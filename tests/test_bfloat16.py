@@ -102,6 +102,12 @@ def forward_ops(graph, op_type):
           if op.type == op_type and not re.search(r"(^|/)gradients(_\d+)?/", op.name)]
 
 
+def local_products(graph):
+  """The local heads' forward products (`local.memory_product`: batch matmuls whose second
+  operand is the memory blocks, the ConcatV2 of `local.memory_blocks`), logits and outputs."""
+  return [op for op in forward_ops(graph, "BatchMatMulV2") if op.inputs[1].op.type == "ConcatV2"]
+
+
 def variables_behind(tensor, depth=8):
   """Names of the variables a tensor is a view of: reached backwards through reads, casts,
   reshapes, transposes, splits, slices and gathers only (a matmul's kernel, the relative rows,
@@ -277,8 +283,10 @@ def test_routing_softmax_layer_norm_and_loss_are_float32(rng):
                     if op.inputs[0].dtype.is_floating]  # (tf.sort of the members: int32)
   assert len(routing_inputs) >= 2  # the members' top-k, the assignments' argmax
   assert {op.inputs[0].dtype for op in routing_inputs} == {tf.float32}
-  cluster_matmuls = forward_ops(graph, "BatchMatMulV2")  # routing logits and weights x values
-  assert len(cluster_matmuls) >= 2
+  local = local_products(graph)
+  cluster_matmuls = [op for op in forward_ops(graph, "BatchMatMulV2")  # routing logits and
+                     if op not in local]  # weights x values
+  assert len(cluster_matmuls) >= 2 and len(local) == 4
   assert {dtype(op) for op in cluster_matmuls} == {tf.float32}
   xent = forward_ops(graph, "SoftmaxCrossEntropyWithLogits")
   assert xent and {dtype(op) for op in xent} == {tf.float32}
@@ -308,8 +316,7 @@ def test_activations_between_layers_are_bfloat16(rng):
             "embeddings" % (i, kind) for i in range(2) for kind in ("keys", "values")]
   assert sorted(narrow) == sorted(dense + tables), sorted(narrow)
   assert all(dtypes == {tf.bfloat16} for dtypes in narrow.values()), narrow
-  local = [op for op in forward_ops(graph, "Einsum")
-           if op.get_attr("equation") in (b"bhnqd,bhnkd->bhnqk", b"bhnqk,bhnkd->bhnqd")]
+  local = local_products(graph)
   assert len(local) == 4  # logits and weighted values of the local heads, 2 layers
   assert {op.get_attr("T") for op in local} == {tf.bfloat16}
 

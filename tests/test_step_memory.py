@@ -864,28 +864,35 @@ def test_masked_softmax_builds_one_select_in_its_backward_pass(rng, dtype):
   assert len(selects("gradients_1/")) == 2, selects("gradients_1/")
 
 
+@pytest.mark.parametrize("adjoint_b", [True, False], ids=["logits", "outputs"])
 @pytest.mark.parametrize("before,after", [(1, 0), (2, 0), (1, 1)])
-def test_memory_product_rebuilds_the_blocks_for_its_gradient(rng, before, after):
-  """local.memory_product against tf.einsum of local.memory_blocks: the same values and the same
-  gradients of both operands bit for bit (the same ops run), and its backward pass reads x
-  [b, h, n, d], not the blocks [b, h, nb, W, d]."""
+def test_memory_product_rebuilds_the_blocks_for_its_gradient(rng, before, after, adjoint_b):
+  """local.memory_product against the plain matmul of local.memory_blocks: the same values and
+  the same gradients of both operands bit for bit (the same ops run), the values also equal to
+  the einsum it replaced, and its backward pass reads x [b, h, n, d], not the blocks
+  [b, h, nb, W, d]."""
   block, width = 4, (before + 1 + after) * 4
+  a_width, out_width = (6, width) if adjoint_b else (width, 6)
+  equation = "bhnqd,bhnkd->bhnqk" if adjoint_b else "bhnqk,bhnkd->bhnqd"
   graph = tf.Graph()
   with graph.as_default():
-    a = tf.exp(tf.constant(rng.standard_normal((2, 3, 5, block, 6)), tf.float32))
+    a = tf.exp(tf.constant(rng.standard_normal((2, 3, 5, block, a_width)), tf.float32))
     x = tf.exp(tf.constant(rng.standard_normal((2, 3, 5 * block, 6)), tf.float32))
-    cotangent = tf.constant(rng.standard_normal((2, 3, 5, block, width)), tf.float32)
-    equation = "bhnqd,bhnkd->bhnqk"
-    got = local.memory_product(equation, a, x, block, before, after)
-    want = tf.einsum(equation, a, local.memory_blocks(x, block, before, after))
+    cotangent = tf.constant(rng.standard_normal((2, 3, 5, block, out_width)), tf.float32)
+    got = local.memory_product(a, x, block, before, after, adjoint_b=adjoint_b)
+    blocks = local.memory_blocks(x, block, before, after)
+    want = tf.matmul(a, blocks, adjoint_b=adjoint_b)
+    einsum = tf.einsum(equation, a, blocks)
   kept_got, kept_want, values = kept_and_values(
       graph, got, want, [a, x], lambda y: tf.reduce_sum(y * cotangent))
   np.testing.assert_array_equal(values[0], values[1])
   np.testing.assert_array_equal(values[2], values[4])
   np.testing.assert_array_equal(values[3], values[5])
+  with tf1.Session(graph=graph) as session:
+    np.testing.assert_allclose(session.run(einsum), values[0], rtol=1e-6)
   shapes = lambda kept: sorted(v[3] for v in kept.values() if v[0] > 200)
-  assert shapes(kept_got) == [[2, 3, 5, block, 6], [2, 3, 5 * block, 6]], kept_got
-  assert shapes(kept_want) == [[2, 3, 5, block, 6], [2, 3, 5, width, 6]], kept_want
+  assert shapes(kept_got) == sorted([[2, 3, 5, block, a_width], [2, 3, 5 * block, 6]]), kept_got
+  assert shapes(kept_want) == sorted([[2, 3, 5, block, a_width], [2, 3, 5, width, 6]]), kept_want
 
 
 def test_times_constant_keeps_nothing_for_its_gradient(rng):

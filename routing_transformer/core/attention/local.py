@@ -48,33 +48,37 @@ def memory_blocks(x, block_length, before, after):
                     for j in range(before + 1 + after)], axis=3)
 
 
-def memory_product(equation, a, x, block_length, before, after):
-  """tf.einsum(equation, a, memory_blocks(x, ...)) whose backward pass rebuilds the memory
-  blocks from x instead of keeping them: it keeps a and x, where the plain product keeps a and
-  the blocks ((before + 1 + after) times x's size). The gradients are TF's own for the plain
+def memory_product(a, x, block_length, before, after, adjoint_b=False):
+  """tf.matmul(a, memory_blocks(x, ...), adjoint_b=adjoint_b) whose backward pass rebuilds the
+  memory blocks from x instead of keeping them: it keeps a and x, where the plain product keeps a
+  and the blocks ((before + 1 + after) times x's size). The gradients are TF's own for the plain
   ops (a tape over the rebuilt blocks; the product it records is not needed by them, so a graph
-  or tf.function does not run it; eagerly it runs once more).
+  or tf.function does not run it; eagerly it runs once more). A batch matmul, not an einsum:
+  the blocks' gradient of the logits, blocks^T-contracted over the queries, runs as a matmul with
+  adjoint_a, where einsum's "bhnqd,bhnqk->bhnkd" also transposed its output (1.6x slower on
+  bench-8k's local heads, docs/performance.md).
 
   Args:
-    equation: einsum equation whose second operand is the memory blocks [b, h, nb, W, d].
-    a: the first operand; x: [b, h, n, d].
-    block_length, before, after: as `memory_blocks`.
+    a: [b, h, nb, bq, d] queries (adjoint_b: logits a . blocks^T) or [b, h, nb, bq, W] weights.
+    x: [b, h, n, d].
+    block_length, before, after: as `memory_blocks` (W = (before + 1 + after) * block_length).
   Returns:
-    The product.
+    [b, h, nb, bq, W] (adjoint_b) or [b, h, nb, bq, d].
   """
   blocks = lambda t: memory_blocks(t, block_length, before, after)
+  product = lambda a, x: tf.matmul(a, blocks(x), adjoint_b=adjoint_b)
 
   @tf.custom_gradient
-  def product(a, x):
+  def rebuilt(a, x):
     def grad(dout):
       with tf.GradientTape() as tape:
         tape.watch([a, x])
-        again = tf.einsum(equation, a, blocks(x))
+        again = product(a, x)
       return tape.gradient(again, [a, x], output_gradients=dout)
 
-    return tf.einsum(equation, a, blocks(x)), grad
+    return product(a, x), grad
 
-  return product(a, x)
+  return rebuilt(a, x)
 
 
 def local_attention(q, k, v, block_length, flange, causal=True, relative_keys=None,
@@ -114,7 +118,7 @@ def local_attention(q, k, v, block_length, flange, causal=True, relative_keys=No
   q_blocks = tf.reshape(common.times_constant(q, scale), [-1, heads, num_blocks, block_length,
                                                           depth])
   # q_blocks . memory_blocks(k) [b, h, nb, bq, W]; the backward pass rebuilds the blocks
-  logits = memory_product("bhnqd,bhnkd->bhnqk", q_blocks, k, block_length, before, after)
+  logits = memory_product(q_blocks, k, block_length, before, after, adjoint_b=True)
 
   query_offsets = tf.range(block_length)
   key_offsets = tf.range((before + 1 + after) * block_length) - flange  # from the block start
@@ -138,7 +142,7 @@ def local_attention(q, k, v, block_length, flange, causal=True, relative_keys=No
   # A query whose allowed keys are all padding gets 0.
   probs = common.attention_dropout(
       common.masked_softmax(logits, allowed, zero_empty=pad is not None), dropout_rate)
-  out = memory_product("bhnqk,bhnkd->bhnqd", probs, v, block_length, before, after)
+  out = memory_product(probs, v, block_length, before, after)
   if relative_values is not None:
     out += common.relative_outputs(probs, relative_values, 0, -flange, causal=causal)
   return tf.reshape(out, [-1, heads, n, v.shape[-1]])
