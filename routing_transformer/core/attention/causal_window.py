@@ -114,7 +114,7 @@ def causal_window_attention(q, k, v, centroids, window, share_qk=True, padding=N
   q_b = tf.reshape(q_s, [-1, heads, num_blocks, window, depth])
   c_q = tf.reshape(c_s, [-1, heads, num_blocks, window])
 
-  logits = tf.einsum("bhnqd,bhnkd->bhnqk", q_b, k_s)  # [b, h, nb, w, 2w]
+  logits = tf.matmul(q_b, k_s, adjoint_b=True)  # [b, h, nb, w, 2w] (as `local.memory_product`)
   query_index = tf.range(window)[:, tf.newaxis] + window  # sorted offset within the 2w keys
   key_index = tf.range(2 * window)[tf.newaxis, :]
   distance = key_index - query_index  # [w, 2w], in (-2w, w)
@@ -133,7 +133,7 @@ def causal_window_attention(q, k, v, centroids, window, share_qk=True, padding=N
   dropped = common.attention_dropout(probs, dropout_rate)
   if pad is not None:  # a query whose allowed keys are all padding gets 0
     dropped = common.zero_empty_rows(dropped, allowed)
-  out = tf.einsum("bhnqk,bhnkd->bhnqd", dropped, v_s)
+  out = tf.matmul(dropped, v_s)
   if relative_values is not None:
     out += common.relative_outputs(dropped, relative_values, window, 0, causal=True)
   out = common.slice_axis(tf.reshape(out, [-1, heads, padded_n, v.shape[-1]]), 2, 0, n)
