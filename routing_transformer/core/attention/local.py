@@ -51,9 +51,11 @@ def memory_blocks(x, block_length, before, after):
 def memory_product(a, x, block_length, before, after, adjoint_b=False):
   """tf.matmul(a, memory_blocks(x, ...), adjoint_b=adjoint_b) whose backward pass rebuilds the
   memory blocks from x instead of keeping them: it keeps a and x, where the plain product keeps a
-  and the blocks ((before + 1 + after) times x's size). The gradients are TF's own for the plain
-  ops (a tape over the rebuilt blocks; the product it records is not needed by them, so a graph
-  or tf.function does not run it; eagerly it runs once more). A batch matmul, not an einsum:
+  and the blocks ((before + 1 + after) times x's size). The rebuild waits for the incoming
+  gradient (else the executor, free to run it as soon as x exists, ran it in the forward pass and
+  kept every layer's blocks alive into the backward pass). The gradients are TF's own for the
+  plain ops (a tape over the rebuilt blocks; the product it records is not needed by them, so a
+  graph or tf.function does not run it; eagerly it runs once more). A batch matmul, not an einsum:
   the blocks' gradient of the logits, blocks^T-contracted over the queries, runs as a matmul with
   adjoint_a, where einsum's "bhnqd,bhnqk->bhnkd" also transposed its output (1.6x slower on
   bench-8k's local heads, docs/performance.md).
@@ -73,7 +75,9 @@ def memory_product(a, x, block_length, before, after, adjoint_b=False):
     def grad(dout):
       with tf.GradientTape() as tape:
         tape.watch([a, x])
-        again = product(a, x)
+        with tf.control_dependencies([dout]):  # rebuilt in the backward pass: without the
+          waiting = tf.identity(x)  # wait the executor ran it early, in the forward pass
+        again = product(a, waiting)
       return tape.gradient(again, [a, x], output_gradients=dout)
 
     return product(a, x), grad
