@@ -1275,6 +1275,49 @@ def test_memory_product_rebuilds_the_blocks_after_the_incoming_gradient(rng, adj
   assert da is not None and dx is not None
 
 
+def test_ordered_softmax_backward_keeps_its_output_and_waits_for_the_gradient(rng):
+  """common.ordered_softmax's backward pass reads only its output (kept anyway for the product
+  with the values) and computes nothing before the incoming gradient: the division's own
+  gradient read e and the row sums and computed -e / sum^2 without the gradient, which the
+  executor then ran in the forward pass and kept (3 [..., w, 2w] tensors per causal_window
+  layer)."""
+  step_memory_breakdown = benchmark_module("step_memory_breakdown")
+  graph = tf.Graph()
+  with graph.as_default():
+    logits = tf.exp(tf.constant(rng.standard_normal((2, 3, 8, 16))))  # an op: kept is counted
+    allowed = tf.constant(rng.random((2, 3, 8, 16)) < 0.6)
+    probs = common.ordered_softmax(logits, allowed)
+    seed = tf.identity(tf.constant(rng.standard_normal((2, 3, 8, 16))), name="seed")
+    dlogits, = tf1.gradients(probs, [logits], grad_ys=seed)
+    kept = step_memory_breakdown.kept_for_backward(graph, [dlogits])[0]
+  assert not gradient_ops_before_the_backward_pass(graph, [dlogits], 2 * 3 * 8 * 16)
+  assert [(v[2], v[3]) for v in kept.values()] == [("RealDiv", [2, 3, 8, 16])], kept  # e / sum
+
+
+# Ops that allocate no buffer of their own (views of a forward tensor): they may run early.
+VIEWS = ("Reshape", "Identity", "ExpandDims", "Squeeze")
+
+
+@pytest.mark.parametrize("overrides", [
+    {}, {"recompute_attention": True}, {"recompute_layers": True}, {"ffn_rebuild_linear": True},
+    {"routing_mode": "causal_window"}, {"logits_chunk_size": 16}],
+    ids=["plain", "recompute_attention", "recompute_layers", "ffn_rebuild_linear",
+         "causal_window", "chunked_logits"])
+def test_model_backward_computes_nothing_before_the_loss_gradient(rng, overrides):
+  """In the model's training step every gradient op with an output of at least one [b, n,
+  hidden] activation, views apart, waits for the loss gradient: an op that does not can run in
+  the forward pass and hold its output until the backward pass (local.memory_product's rebuilt
+  blocks did, 8 x 24 MiB of bench-8k's peak; causal_window's softmax division gradient did)."""
+  with tf.Graph().as_default() as graph:
+    _, losses = build(small_hparams(**overrides), TRAIN, {"targets": random_targets(rng)})
+    seed = tf.identity(tf.constant(1.0), name="seed")
+    grads = [g for g in tf1.gradients(losses["training"] + losses["extra_loss"],
+                                      tf1.trainable_variables(), grad_ys=seed) if g is not None]
+    early = [name for name in gradient_ops_before_the_backward_pass(graph, grads, 2 * 64 * 32)
+             if graph.get_operation_by_name(name).type not in VIEWS]
+  assert not early, early
+
+
 # --- layer norm: keeps only its input ---------------------------------------------------------
 
 def layer_norm_graph(rng, ours, shape=(2, 5, 8)):

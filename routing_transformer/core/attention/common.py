@@ -93,15 +93,28 @@ def ordered_softmax(logits, allowed):
   probabilities are then bit for bit the same wherever its allowed entries sit in the row (the
   masked entries add exact zeros), which a reduction over SIMD lanes and accumulators does not
   give once a row spans several packets (causal_window at w >= 32 on AVX2). The row maximum is
-  exact in any order and carries no gradient (the softmax does not depend on it).
+  exact in any order and carries no gradient (the softmax does not depend on it). The backward
+  pass is the softmax's, p (dp - sum(dp p)), masked entries 0, and keeps only the output: the
+  division's own gradient read e, the sum and -e / sum^2, the last computed before the incoming
+  gradient existed, so the executor ran it in the forward pass and kept it until the backward.
 
   Args and returns as `masked_softmax`.
   """
-  x = tf.where(allowed, logits, mask_value(logits.dtype))
-  e = tf.exp(x - tf.stop_gradient(tf.reduce_max(x, axis=-1, keepdims=True)))
-  last = e.shape.rank - 1
-  total = slice_axis(tf.cumsum(e, axis=last), last, e.shape[-1] - 1, 1)  # [..., 1]
-  return e / total
+  @tf.custom_gradient
+  def softmax(logits):
+    x = tf.where(allowed, logits, mask_value(logits.dtype))
+    e = tf.exp(x - tf.reduce_max(x, axis=-1, keepdims=True))
+    last = e.shape.rank - 1
+    total = slice_axis(tf.cumsum(e, axis=last), last, e.shape[-1] - 1, 1)  # [..., 1]
+    probs = e / total
+
+    def grad(dprobs):
+      dx = probs * (dprobs - tf.reduce_sum(dprobs * probs, axis=-1, keepdims=True))
+      return tf.where(allowed, dx, tf.zeros([], dx.dtype))  # a uniform row's masked entries
+
+    return probs, grad
+
+  return softmax(logits)
 
 
 def attention_dropout(probs, rate):
