@@ -1300,14 +1300,16 @@ VIEWS = ("Reshape", "Identity", "ExpandDims", "Squeeze")
 
 @pytest.mark.parametrize("overrides", [
     {}, {"recompute_attention": True}, {"recompute_layers": True}, {"ffn_rebuild_linear": True},
-    {"routing_mode": "causal_window"}, {"logits_chunk_size": 16}],
+    {"routing_mode": "causal_window"}, {"logits_chunk_size": 16},
+    {"activation_dtype": "bfloat16"}],
     ids=["plain", "recompute_attention", "recompute_layers", "ffn_rebuild_linear",
-         "causal_window", "chunked_logits"])
+         "causal_window", "chunked_logits", "bfloat16"])
 def test_model_backward_computes_nothing_before_the_loss_gradient(rng, overrides):
   """In the model's training step every gradient op with an output of at least one [b, n,
   hidden] activation, views apart, waits for the loss gradient: an op that does not can run in
   the forward pass and hold its output until the backward pass (local.memory_product's rebuilt
-  blocks did, 8 x 24 MiB of bench-8k's peak; causal_window's softmax division gradient did)."""
+  blocks did, 8 x 24 MiB of bench-8k's peak; causal_window's softmax division gradient did; with
+  bfloat16 activations the masked softmax's float32 copy of its bfloat16 output did)."""
   with tf.Graph().as_default() as graph:
     _, losses = build(small_hparams(**overrides), TRAIN, {"targets": random_targets(rng)})
     seed = tf.identity(tf.constant(1.0), name="seed")

@@ -76,7 +76,9 @@ def kept_output_softmax(logits, allowed, zero_empty=False):
     probs = tf.cast(probs, dtype)
 
     def grad(dprobs):
-      p, dp = tf.cast(probs, wide), tf.cast(dprobs, wide)
+      with tf.control_dependencies([dprobs]):  # a low-precision output's widened copy: not
+        p = tf.cast(probs, wide)  # before the gradient, else it ran and stayed from the forward
+      dp = tf.cast(dprobs, wide)
       dx = p * (dp - tf.reduce_sum(dp * p, axis=-1, keepdims=True))
       if not zero_empty:  # a uniform row's masked entries: 0, as through the masking `where`
         dx = tf.where(allowed, dx, tf.zeros([], wide))
