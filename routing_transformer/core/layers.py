@@ -374,13 +374,6 @@ def encdec_attention(x, memory, hparams, memory_padding, position=None, train=Fa
   return dense(heads.combine_heads(out), hparams.hidden_size, "output_transform")
 
 
-def _recompute_inputs(dy, *tensors):
-  """Identities of `tensors` that run only once the gradient dy has arrived (so a backward
-  pass's recomputation happens in the backward pass, not early in the forward)."""
-  with tf.control_dependencies([dy]):
-    return [tf.identity(t) for t in tensors]
-
-
 def geglu_hidden(a, b):
   """gelu(a) * b (T2T's tanh approximation of gelu)."""
   return common_layers.gelu(a) * b
@@ -391,7 +384,7 @@ def geglu_activation(a, b):
   """gelu(a) * b, [..., f]; the backward pass keeps only a and b and recomputes gelu (the
   gradients are those of `geglu_hidden`: the same ops differentiated)."""
   def grad(dh):
-    a2, b2 = _recompute_inputs(dh, a, b)
+    a2, b2 = rebuild.after(dh, a, b)
     return tf.gradients(geglu_hidden(a2, b2), [a2, b2], dh)
 
   return geglu_hidden(a, b), grad
@@ -403,7 +396,7 @@ def geglu_output(a, b, kernel):
   only a and b (and the kernel), recomputing gelu(a) * b, where the plain ops keep gelu's input,
   its tanh and cdf, its output, b and the product; the gradients are those of the plain ops."""
   def grad(dy):
-    a2, b2, kernel2 = _recompute_inputs(dy, a, b, kernel)
+    a2, b2, kernel2 = rebuild.after(dy, a, b, kernel)
     return tf.gradients(apply_kernel(geglu_hidden(a2, b2), kernel2), [a2, b2, kernel2], dy)
 
   return kernel_product(geglu_hidden(a, b), kernel), grad

@@ -70,8 +70,7 @@ def layer_norm(x, scale, bias, epsilon=1e-6):
   @tf.custom_gradient
   def norm(x, scale, bias):
     def grad(dy):
-      with tf.control_dependencies([dy]):
-        inputs = [tf.identity(t) for t in (x, scale, bias)]
+      inputs = rebuild.after(dy, x, scale, bias)
       return tf.gradients(compute(*inputs), inputs, dy)
     return compute(x, scale, bias), grad
 

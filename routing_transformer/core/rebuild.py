@@ -51,6 +51,15 @@ def is_rebuildable(t):
   return _graph_mode(t) and t.ref() in _RECIPES.get(t.graph, {})
 
 
+def after(dy, *tensors):
+  """Identities of `tensors` that run only once the incoming gradient dy exists: what a backward
+  pass recomputes from them then runs in the backward pass. Without the wait nothing orders such
+  a recomputation after the forward pass, and TF's executor runs it as soon as its inputs exist,
+  keeping its output alive until the backward pass reads it."""
+  with tf.control_dependencies([dy]):
+    return [tf.identity(t) for t in tensors]
+
+
 def for_gradient(t, dy):
   """t as a backward pass should read it: t itself, or for a rebuildable t its fn re-run on its
   inputs (themselves rebuilt where rebuildable) once dy has arrived."""
@@ -61,12 +70,6 @@ def for_gradient(t, dy):
   if t.ref() not in rebuilt:
     fn, inputs = _RECIPES[t.graph][t.ref()]
     with tf.name_scope("rebuild"):
-      ready = []
-      for x in inputs:
-        if is_rebuildable(x):
-          ready.append(for_gradient(x, dy))
-        else:
-          with tf.control_dependencies([dy]):  # not before: it would run in the forward pass
-            ready.append(tf.identity(x))
+      ready = [for_gradient(x, dy) if is_rebuildable(x) else after(dy, x)[0] for x in inputs]
       rebuilt[t.ref()] = fn(*ready)
   return rebuilt[t.ref()]

@@ -5,6 +5,7 @@ Shapes use b = batch, h = heads, n = length, d = depth per head.
 import tensorflow as tf
 
 from routing_transformer.core import norm
+from routing_transformer.core import rebuild
 from routing_transformer.core import slicing
 
 
@@ -76,9 +77,8 @@ def kept_output_softmax(logits, allowed, zero_empty=False):
     probs = tf.cast(probs, dtype)
 
     def grad(dprobs):
-      with tf.control_dependencies([dprobs]):  # a low-precision output's widened copy: not
-        p = tf.cast(probs, wide)  # before the gradient, else it ran and stayed from the forward
-      dp = tf.cast(dprobs, wide)
+      # a low-precision output's widened copy: made in the backward pass, not kept from before
+      p, dp = tf.cast(rebuild.after(dprobs, probs)[0], wide), tf.cast(dprobs, wide)
       dx = p * (dp - tf.reduce_sum(dp * p, axis=-1, keepdims=True))
       if not zero_empty:  # a uniform row's masked entries: 0, as through the masking `where`
         dx = tf.where(allowed, dx, tf.zeros([], wide))
@@ -358,9 +358,8 @@ def _distance_weighted_rows(probs, rows):
 
   def grad(dout):
     dprobs = skew(tf.tensordot(dout, rows, [[axis], [1]]), num_keys)
-    with tf.control_dependencies([dout]):
-      waiting = tf.identity(probs)
-    per_distance = tf.reshape(unskew(waiting, num_distances), [-1, num_distances])
+    per_distance = tf.reshape(unskew(rebuild.after(dout, probs)[0], num_distances),
+                              [-1, num_distances])
     drows = tf.matmul(per_distance, tf.reshape(dout, [-1, rows.shape[1]]), transpose_a=True)
     return dprobs, drows
 

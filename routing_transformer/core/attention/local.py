@@ -8,6 +8,7 @@ import tensorflow as tf
 
 from routing_transformer.core.attention import common
 from routing_transformer.core.attention import full
+from routing_transformer.core import rebuild
 
 
 def check_blocks(length, block_length, flange, name):
@@ -75,9 +76,7 @@ def memory_product(a, x, block_length, before, after, adjoint_b=False):
     def grad(dout):
       with tf.GradientTape() as tape:
         tape.watch([a, x])
-        with tf.control_dependencies([dout]):  # rebuilt in the backward pass: without the
-          waiting = tf.identity(x)  # wait the executor ran it early, in the forward pass
-        again = product(a, waiting)
+        again = product(a, rebuild.after(dout, x)[0])  # the blocks, in the backward pass
       return tape.gradient(again, [a, x], output_gradients=dout)
 
     return product(a, x), grad
