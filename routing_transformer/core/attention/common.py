@@ -49,6 +49,14 @@ def float32_softmax(logits, allowed):
   return kept_output_softmax(logits, allowed)
 
 
+def _softmax_gradient(p, dp, allowed=None):
+  """TF's softmax gradient p (dp - sum(dp p)) of probabilities p [..., m] under dp, 0 where not
+  `allowed` when given (as through a masking `where`, also in a row with nothing allowed, which
+  the softmax makes uniform)."""
+  dx = p * (dp - tf.reduce_sum(dp * p, axis=-1, keepdims=True))
+  return dx if allowed is None else tf.where(allowed, dx, tf.zeros([], dx.dtype))
+
+
 def kept_output_softmax(logits, allowed, zero_empty=False):
   """`masked_softmax` whose backward pass keeps only its output p (in the logits' dtype) and
   the mask, and computes dlogits = p (dp - sum(dp p)) (TF's softmax gradient), 0 where masked
@@ -79,10 +87,8 @@ def kept_output_softmax(logits, allowed, zero_empty=False):
     def grad(dprobs):
       # a low-precision output's widened copy: made in the backward pass, not kept from before
       p, dp = tf.cast(rebuild.after(dprobs, probs)[0], wide), tf.cast(dprobs, wide)
-      dx = p * (dp - tf.reduce_sum(dp * p, axis=-1, keepdims=True))
-      if not zero_empty:  # a uniform row's masked entries: 0, as through the masking `where`
-        dx = tf.where(allowed, dx, tf.zeros([], wide))
-      return tf.cast(dx, dtype)
+      # with zero_empty p is 0 wherever masked; else a uniform row's masked entries need the mask
+      return tf.cast(_softmax_gradient(p, dp, None if zero_empty else allowed), dtype)
 
     return probs, grad
 
@@ -110,11 +116,7 @@ def ordered_softmax(logits, allowed):
     total = slice_axis(tf.cumsum(e, axis=last), last, e.shape[-1] - 1, 1)  # [..., 1]
     probs = e / total
 
-    def grad(dprobs):
-      dx = probs * (dprobs - tf.reduce_sum(dprobs * probs, axis=-1, keepdims=True))
-      return tf.where(allowed, dx, tf.zeros([], dx.dtype))  # a uniform row's masked entries
-
-    return probs, grad
+    return probs, lambda dprobs: _softmax_gradient(probs, dprobs, allowed)
 
   return softmax(logits)
 
