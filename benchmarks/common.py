@@ -2,6 +2,7 @@
 import json
 import os
 import platform
+import statistics
 import sys
 import time
 
@@ -69,20 +70,14 @@ def interleaved_times(fns, rounds, warmup=0, clock=time.perf_counter):
   return times
 
 
-def median(values):
-  """The median of a non-empty sequence (the mean of the middle two for an even count)."""
-  ordered = sorted(values)
-  middle = len(ordered) // 2
-  return ordered[middle] if len(ordered) % 2 else 0.5 * (ordered[middle - 1] + ordered[middle])
-
-
 def interleaved_summary(times, reference):
   """From `interleaved_times`' {name: [seconds]}: {name: {"seconds_per_step": median,
   "over_reference": median over rounds of the round's time / `reference`'s in the same round}}."""
   summary = {}
   for name, seconds in times.items():
     ratios = [s / r for s, r in zip(seconds, times[reference])]
-    summary[name] = {"seconds_per_step": median(seconds), "over_reference": median(ratios)}
+    summary[name] = {"seconds_per_step": statistics.median(seconds),
+                     "over_reference": statistics.median(ratios)}
   return summary
 
 

@@ -237,17 +237,25 @@ def tf_matmul_worker(threads):
           "gflops_bfloat16": common.matmul_gflops(MATMUL, dtype="bfloat16")}
 
 
-def ours_worker(name, steps, length, threads, warmup, profile=False):
-  """Times one of our configurations (OURS) in this process: the T2T step of train_step.py."""
-  xla = name.endswith("_xla")
+def _start_ours(record, xla, length, threads):
+  """(common, tensorflow, train_step) for a worker timing our step: XLA auto-clustering enabled
+  before TF starts if `xla` (it clusters only in sessions that ask for it), the start recorded,
+  TF's intra-op threads set (read by tf1.Session too)."""
   import common  # pylint: disable=g-import-not-at-top
   if xla:
     common.enable_cpu_xla_autoclustering()
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   import train_step  # pylint: disable=g-import-not-at-top
+  common.start(record, config="bench-8k", length=length)
+  tf.config.threading.set_intra_op_parallelism_threads(threads)
+  return common, tf, train_step
+
+
+def ours_worker(name, steps, length, threads, warmup, profile=False):
+  """Times one of our configurations (OURS) in this process: the T2T step of train_step.py."""
+  xla = name.endswith("_xla")
+  common, tf, train_step = _start_ours("peers_ours", xla, length, threads)
   from routing_transformer.t2t import glue  # pylint: disable=g-import-not-at-top
-  common.start("peers_ours", config="bench-8k", length=length)
-  tf.config.threading.set_intra_op_parallelism_threads(threads)  # read by tf1.Session too
   model, overrides = OURS[name]
   started = time.perf_counter()
   run, params = train_step.build_train_step(model, length, overrides, xla=xla)
@@ -279,13 +287,8 @@ def interleaved_worker(names, steps, length, threads, warmup):
   graph and session, its first step run, then `steps` rounds of one step of each in alternating
   order (`common.interleaved_times`). Time only: every graph lives in this process, so its RSS
   says nothing about one configuration's memory."""
-  import common  # pylint: disable=g-import-not-at-top
-  if any(name.endswith("_xla") for name in names):
-    common.enable_cpu_xla_autoclustering()  # clusters only in the _xla configurations' sessions
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  import train_step  # pylint: disable=g-import-not-at-top
-  common.start("peers_interleaved", config="bench-8k", length=length)
-  tf.config.threading.set_intra_op_parallelism_threads(threads)
+  common, tf, train_step = _start_ours(
+      "peers_interleaved", any(name.endswith("_xla") for name in names), length, threads)
   runs = {}
   for name in names:
     model, overrides = OURS[name]
