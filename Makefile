@@ -4,7 +4,7 @@ PYTEST_ARGS ?=
 # Options for the bench-* targets' scripts, e.g. make bench-train BENCH_ARGS="--steps 3".
 BENCH_ARGS ?=
 
-.PHONY: soak setup test bench-attention bench-train bench-memory bench-profile bench-decode bench-quality bench-peers bench-matmul demo demo-long-range books clean
+.PHONY: soak setup test bench-attention bench-train bench-memory bench-profile bench-decode bench-quality bench-peers bench-matmul bench-fused-geglu demo demo-long-range books clean
 
 setup:
 	@bash scripts/setup.sh
@@ -55,9 +55,13 @@ bench-memory: setup
 bench-matmul: setup
 	$(PY) benchmarks/matmul_layouts.py $(BENCH_ARGS)
 
+# GEGLU's element-wise chains as compiled fused kernels (g++) against TF's ops, step side by side.
+bench-fused-geglu: setup
+	$(PY) benchmarks/fused_geglu.py $(BENCH_ARGS)
+
 # Not part of CI: PyTorch routing-transformer in its own venv (benchmarks/.venv-peers) vs ours.
 bench-peers: setup
 	$(PY) benchmarks/peers.py $(PEERS_ARGS)
 
 clean:
-	rm -rf .pytest_cache benchmarks/results demo_output soak_output
+	rm -rf .pytest_cache benchmarks/results demo_output soak_output build/kernels
