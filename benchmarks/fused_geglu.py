@@ -104,8 +104,8 @@ def elementwise_times(kernels, rows=8192, width=2048, repeats=10):
 
 
 def step_times(kernels, length, rounds):
-  """`common.interleaved_summary` of the bench-8k routing step with TF's GEGLU ops ("tf") and
-  with the fused kernels ("fused"), timed side by side."""
+  """(`common.interleaved_summary` of the bench-8k routing step with TF's GEGLU ops ("tf") and
+  with the fused kernels ("fused"), timed side by side; the fused graph's number of kernel ops)."""
   import train_step  # pylint: disable=g-import-not-at-top
   from routing_transformer.core import layers  # pylint: disable=g-import-not-at-top
   runs = {"tf": train_step.build_train_step("routing", length)[0]}

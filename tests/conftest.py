@@ -1,6 +1,7 @@
 """Test setup: repo root on sys.path, quiet TensorFlow, deterministic seeds, and the runs that
 several modules share (made once per test run, also across pytest-xdist workers)."""
 import fcntl
+import importlib
 import json
 import os
 import shutil
@@ -15,6 +16,14 @@ if ROOT not in sys.path:
 
 import numpy as np  # pylint: disable=g-import-not-at-top,wrong-import-position
 import pytest  # pylint: disable=g-import-not-at-top,wrong-import-position
+
+
+def benchmark_module(name):
+  """benchmarks/<name>.py, imported with benchmarks/ on sys.path (its modules import each other)."""
+  here = os.path.join(ROOT, "benchmarks")
+  if here not in sys.path:
+    sys.path.insert(0, here)
+  return importlib.import_module(name)
 
 
 @pytest.fixture

@@ -1,23 +1,15 @@
 """benchmarks/fused_geglu.py: its compiled GEGLU kernels against TF's ops, values and gradients."""
-import importlib
-import os
-import sys
-
 import numpy as np
 import pytest
 import tensorflow as tf
 
+from conftest import benchmark_module
 from routing_transformer.core import layers
-
-BENCHMARKS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                          "benchmarks")
 
 
 @pytest.fixture(scope="module")
 def fused(tmp_path_factory):
-  if BENCHMARKS not in sys.path:
-    sys.path.insert(0, BENCHMARKS)
-  module = importlib.import_module("fused_geglu")
+  module = benchmark_module("fused_geglu")
   path = module.build_kernel(str(tmp_path_factory.mktemp("kernels")))
   return module, module.load_kernel(path)
 
@@ -57,17 +49,13 @@ def test_fused_geglu_refuses_inputs_of_different_shapes(fused):
 
 
 def test_fused_geglu_without_a_compiler_names_the_fix(tmp_path):
-  if BENCHMARKS not in sys.path:
-    sys.path.insert(0, BENCHMARKS)
-  module = importlib.import_module("fused_geglu")
+  module = benchmark_module("fused_geglu")
   with pytest.raises(RuntimeError, match="install g\\+\\+"):
     module.build_kernel(str(tmp_path), compiler="no-such-compiler-here")
 
 
 def test_fused_geglu_compile_failure_shows_the_compiler_output(tmp_path, monkeypatch):
-  if BENCHMARKS not in sys.path:
-    sys.path.insert(0, BENCHMARKS)
-  module = importlib.import_module("fused_geglu")
+  module = benchmark_module("fused_geglu")
   broken = tmp_path / "broken.cc"
   broken.write_text("this is not C++;\n")
   monkeypatch.setattr(module, "SOURCE", str(broken))

@@ -7,15 +7,12 @@ keeps less alive for the backward pass (read off the graph: which forward tensor
 ops read)."""
 import contextlib
 import functools
-import importlib
-import os
-import sys
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
-from conftest import HParamsStandIn
+from conftest import HParamsStandIn, benchmark_module
 import routing_transformer  # pylint: disable=unused-import
 from routing_transformer.core import chunked_loss
 from routing_transformer.core import heads
@@ -60,14 +57,6 @@ def waits(op):
   """Whether a Slice op waits on something: on the slice itself or on its begin (a constant
   made inside the same control_dependencies block, which the slice then needs)."""
   return bool(op.control_inputs or op.inputs[1].op.control_inputs)
-
-
-def benchmark_module(name):
-  """benchmarks/<name>.py, imported with benchmarks/ on sys.path (its modules import each other)."""
-  here = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks")
-  if here not in sys.path:
-    sys.path.insert(0, here)
-  return importlib.import_module(name)
 
 
 def run_graph(fetches, feeds=None):
