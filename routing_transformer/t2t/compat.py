@@ -5,7 +5,8 @@ TF 2.14+ dropped three aliases from `tensorflow.python.framework.ops` that tf_sl
 cheap, and is called on `import routing_transformer` and by `t2t_usr_dir`.
 
 `patch_tensor2tensor()` additionally fixes T2T itself (Adafactor's missing `get_gradients`, the
-TPUEstimator path that imports `tf.contrib`, autograph in every model's graph build). It imports
+order of a training step's global-step reads and increment, the TPUEstimator path that imports
+`tf.contrib`, autograph in every model's graph build). It imports
 tensor2tensor (about 10 s), so it is only called where T2T is used anyway: `t2t_usr_dir` and the
 model code.
 """
@@ -47,6 +48,35 @@ def _patch_adafactor():
 
   cls.get_gradients = get_gradients
   cls._routing_transformer_patched = True  # pylint: disable=protected-access
+
+
+def _patch_step_order():
+  """Increments the global step after the update, as TF1's `apply_gradients(global_step=...)`.
+
+  On TF2, T2T 1.15.7's `ConditionalOptimizer.apply_gradients` runs the update under a control
+  dependency on `assign_add(global_step, 1)`, while the learning-rate schedule and Adafactor's
+  decay rate (`1 - (step + 1)^-0.8`) read the global step with no order against that increment:
+  each step saw the old or the new step number as the threads happened to run, so two runs from
+  one seed differed (the first step's decay rate was 0.0 or 0.42565). Here every read that feeds
+  the update precedes the increment, always, as in the original release's TF1 graph.
+  """
+  import tensorflow.compat.v1 as tf1  # pylint: disable=g-import-not-at-top
+  from tensor2tensor.utils import optimize  # pylint: disable=g-import-not-at-top
+  cls = optimize.ConditionalOptimizer
+  if getattr(cls, "_step_order_patched", False):
+    return
+
+  def apply_gradients(self, grads_and_vars, global_step=None, name=None):
+    if global_step is None:  # T2T's TF2 branch always increments the global step
+      global_step = tf1.train.get_or_create_global_step()
+    if isinstance(self._opt, tf1.train.Optimizer):  # Adafactor, SGD, ...: TF1's own order
+      return self._opt.apply_gradients(grads_and_vars, global_step=global_step, name=name)
+    update = self._opt.apply_gradients(grads_and_vars, name=name)  # Keras optimizers
+    with tf1.control_dependencies([update]), tf1.colocate_with(global_step):
+      return tf1.assign_add(global_step, 1).op
+
+  cls.apply_gradients = apply_gradients
+  cls._step_order_patched = True  # pylint: disable=protected-access
 
 
 def _patch_tpu():
@@ -112,6 +142,7 @@ def patch_tensor2tensor():
   if _T2T_DONE:
     return
   _patch_adafactor()
+  _patch_step_order()
   _patch_tpu()
   _patch_autograph()
   _T2T_DONE = True
