@@ -36,6 +36,7 @@ def bench_hparams(routing, length, routing_mode="topk", full=False):
   h.num_decoder_layers = h.num_hidden_layers = 4
   h.query_shape = h.memory_flange = h.memory_query_shape = (256,)
   h.max_relative_position = 513
+  h.layer_prepostprocess_dropout = 0.0  # no dropout, as the PyTorch port's configuration
   if routing:
     h.local_num_heads, h.sparsity_cluster_num_heads, h.sparsity_skip_first = 6, 2, 0
     h.sparsity_cluster_size = max(16, length // WINDOW)

@@ -18,14 +18,15 @@ def _add(hparams, **kwargs):
 
 @registry.register_hparams
 def sparse_transformer_local():
-  """Local-attention-only base model (SPEC section 6); routing sets add routing heads."""
+  """Local-attention-only base model (the original's `sparse_transformer_local`); routing sets
+  add routing heads."""
   hparams = common_hparams.basic_params1()
   hparams.max_length = 4096
   hparams.batch_size = 4096
   hparams.hidden_size = 512
-  hparams.num_hidden_layers = 24
   hparams.dropout = 0.0
-  hparams.layer_prepostprocess_dropout = 0.0
+  # layer_prepostprocess_dropout stays basic_params1's 0.1, as in the original: in TRAIN mode it
+  # drops the decoder (and encoder) input and every sub-layer's output in the "dan" post-process.
   hparams.label_smoothing = 0.0
   hparams.weight_decay = 0.0
   hparams.clip_grad_norm = 0.0
@@ -48,7 +49,12 @@ def sparse_transformer_local():
   hparams.learning_rate_schedule = "constant*rsqrt_normalized_decay"
   hparams.learning_rate_constant = 0.01
   hparams.learning_rate_warmup_steps = 10000
+  # The original sets shared_embedding(_and_softmax_weights) = True, but its model never reads
+  # them: its embedding and output matrices are separate variables (docs/fidelity.md).
   hparams.shared_embedding_and_softmax_weights = False
+  hparams.pad_batch = True  # TPU: pad the remainder eval batch instead of dropping it
+  hparams.tpu_enable_host_call = True  # TPU: summaries through host_call
+  hparams.summarize_vars = True  # T2T logs and summarises every variable
   _add(
       hparams,
       max_target_length=4096,

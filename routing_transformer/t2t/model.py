@@ -196,6 +196,34 @@ class RoutingTransformer(t2t_model.T2TModel):
   def bottom(self, features):
     return dict(features)  # embeddings are part of the body
 
+  def clip_targets(self, features):
+    """Targets cut to max_target_length, as the original's body cuts them (its enwik8 sets keep
+    max_target_length 4096 under max_length 8192 or 12288: they train on 4,096-byte windows)."""
+    length = self.hparams.max_target_length
+    if not length or "targets" not in features:
+      return features
+    features = dict(features)
+    features["targets"] = features["targets"][:, :length]
+    return features
+
+  def model_fn(self, features):
+    return super(RoutingTransformer, self).model_fn(self.clip_targets(features))
+
+  def estimator_spec_eval(self, features, logits, labels, loss, losses_dict):
+    """T2T's evaluation with the targets cut as in `model_fn`, so the metrics compare the
+    logits with the targets they predict."""
+    features = self.clip_targets(features)
+    if labels is not None and self.hparams.max_target_length:
+      labels = labels[:, :self.hparams.max_target_length]
+    return super(RoutingTransformer, self).estimator_spec_eval(features, logits, labels, loss,
+                                                               losses_dict)
+
+  def input_dropout(self, x):
+    """The original's dropout of the decoder's and encoder's input (rate
+    layer_prepostprocess_dropout, TRAIN only), before the first layer."""
+    rate = self.hparams.layer_prepostprocess_dropout
+    return tf.nn.dropout(x, rate=rate) if self.is_train and rate else x
+
   def top(self, body_output, features):
     return body_output  # the body returns logits
 
@@ -560,8 +588,8 @@ class RoutingTransformer(t2t_model.T2TModel):
     in_ids = tf.reshape(inputs, common_layers.shape_list(inputs)[:2])
     in_ids = pad_to_length(in_ids, hparams.max_length, "inputs")
     memory_padding = tf.equal(in_ids, 0)
-    memory, loss = self.stack(self.embed(in_ids, "input_embeddings", "inputs"), memory_padding,
-                              False, "encoder", hparams.num_encoder_layers)
+    memory, loss = self.stack(self.input_dropout(self.embed(in_ids, "input_embeddings", "inputs")),
+                              memory_padding, False, "encoder", hparams.num_encoder_layers)
     return memory, memory_padding, loss
 
   def body(self, features):
@@ -592,7 +620,7 @@ class RoutingTransformer(t2t_model.T2TModel):
     padding = tf.equal(ids, 0)  # position i is padding when its target is padding
 
     memory, memory_padding, extra = self.encode(features)
-    x = self.embed(shifted, "embeddings")
+    x = self.input_dropout(self.embed(shifted, "embeddings"))
     x, loss = self.stack(x, padding, True, "decoder", hparams.num_decoder_layers, memory,
                          memory_padding)
     losses = {"extra_loss": loss + extra}
