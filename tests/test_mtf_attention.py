@@ -204,3 +204,57 @@ def test_kmeans_loss_is_weighted_as_tf(inputs, ema):
   assert got == pytest.approx(float(tf_kmeans.clustering_loss(commitment, 1e-4, codebook)),
                               rel=1e-5)
   assert got == pytest.approx(2 * (1e-4 * commitment + codebook), rel=1e-5)
+
+
+RATE = 0.3
+
+
+def _tf_weight_drop(probs, rate):
+  """A deterministic stand-in for attention dropout: drops the weights below 0.05 and scales
+  the rest by 1 / (1 - rate), an element-wise function of each weight alone, so both models
+  give the same result exactly when they apply it to the same tensor (the weights)."""
+  if not rate:
+    return probs
+  return tf.where(probs > 0.05, probs / (1.0 - rate), tf.zeros_like(probs))
+
+
+def _mtf_weight_drop(probs):
+  keep = mtf.cast(mtf.greater(probs, 0.05), probs.dtype)
+  return probs * keep / (1.0 - RATE)
+
+
+@pytest.mark.parametrize("kind", ["local", "routing"])
+def test_attention_dropout_acts_on_the_weights_as_in_tf(inputs, monkeypatch, kind):
+  """attention_dropout on the attention weights (after the softmax, before the products with
+  the values and the relative values), as the TF model: with the same dropping rule both give
+  the same output, which differs from the output without dropout."""
+  from routing_transformer.core.attention import common  # pylint: disable=g-import-not-at-top
+  monkeypatch.setattr(common, "attention_dropout", _tf_weight_drop)
+  q, k, v, mu, rel_k, rel_v, _, _ = inputs
+  qt, kt, vt = (tf.constant(x) for x in (q, k, v))
+  block, flange = 8, 16
+  if kind == "local":
+    want, plain = (tf_attention.local_attention(
+        qt, kt, vt, block, flange, causal=True, relative_keys=rel_k, relative_values=rel_v,
+        scale=1.0, dropout_rate=rate).numpy() for rate in (RATE, 0.0))
+  else:
+    want, plain = (tf_attention.routing_attention(
+        qt, kt, vt, mu, W, causal=True, share_qk=True, relative_keys=rel_k,
+        relative_values=rel_v, dropout_rate=rate)[0].numpy() for rate in (RATE, 0.0))
+
+  def build(mesh):
+    qm, km, vm = (imported(mesh, x, SHAPE) for x in (q, k, v))
+    relative = (imported(mesh, rel_k, [REL, DIMS["d_head"]]),
+                imported(mesh, rel_v, [REL, DIMS["d_head"]]), REL)
+    if kind == "local":
+      out = attention.local_attention(qm, km, vm, block, flange, DIMS["length"], DIMS["d_head"],
+                                      relative=relative, dropout=_mtf_weight_drop)
+    else:
+      centroids = imported(mesh, mu, [DIMS["heads"], DIMS["clusters"], DIMS["d_head"]])
+      out, _ = attention.routing_attention(qm, km, vm, centroids, W, DIMS, share_qk=True,
+                                           relative=relative, dropout=_mtf_weight_drop)
+    return [out], []
+
+  got, = run_on_mesh(build)
+  assert np.abs(want - plain).max() > 0.05  # the stand-in dropped weights
+  np.testing.assert_allclose(got, want, atol=1e-5)

@@ -217,15 +217,50 @@ def test_initial_loss_is_near_uniform(reference):
      "local_heads (size 2) is not divisible by mesh dimension model:4"),
     (dict(mesh_shape="model:2", layout="d_model:model"), "layout splits 'd_model'"),
     (dict(mesh_shape="model:3", layout="vocab:model"), "set vocab_divisor=3"),
-    (dict(routing_mode="causal_window"), "routing_mode='causal_window' is not supported"),
-    (dict(num_encoder_layers=2), "routing_transformer_mtf is decoder-only"),
+    (dict(routing_mode="causal_window"), "routing_mode='causal_window': not implemented"),
+    (dict(num_encoder_layers=2), "num_encoder_layers=2: not implemented"),
     (dict(mesh_shape="model=2"), "cannot parse mesh_shape"),
-    (dict(legacy_kmeans_counts=True), "legacy_kmeans_counts=True is not supported"),
+    (dict(legacy_kmeans_counts=True), "legacy_kmeans_counts=True: not implemented"),
     (dict(recompute_layers=True, ffn_rebuild_linear=True),
-     "recompute_layers, ffn_rebuild_linear: memory switches of --model=routing_transformer"),
+     "ffn_rebuild_linear=True, recompute_layers=True: not implemented by "
+     "routing_transformer_mtf; unset them or use --model=routing_transformer"),
+    # the switches the Mesh-TF model once accepted without reading them
+    (dict(routing_exclude_self=True, routing_logit_scale="rsqrt_depth",
+          reseed_dead_clusters=True, activation_dtype="bfloat16"),
+     "reseed_dead_clusters=True, routing_exclude_self=True, routing_logit_scale='rsqrt_depth', "
+     "activation_dtype='bfloat16': not implemented by routing_transformer_mtf"),
 ])
 def test_unsupported_hparams_fail_with_the_fix(modules, overrides, message):
   _, _, model = modules
   hp = tiny_hparams(overrides)
-  with pytest.raises(model.MtfHParamsError, match=re.escape(message)):
+  with pytest.raises(model.MtfHParamsError, match=re.escape(message)) as error:
     model.check_mtf_hparams(hp, VOCAB)
+  assert "\n" not in str(error.value)  # one line
+
+
+def test_every_switch_of_the_tf_model_is_implemented_or_refused(modules):
+  """Each hparam of the TF model is in the Mesh-TF allow-list or refused when set: flipping any
+  one of them away from its default either passes the check because it is implemented, or fails
+  naming it."""
+  from hparams import base  # pylint: disable=g-import-not-at-top
+  from tensor2tensor.layers import common_hparams  # pylint: disable=g-import-not-at-top
+  _, _, model = modules
+  defaults = base.sparse_transformer_local().values()
+  names = sorted(set(defaults) - set(common_hparams.basic_params1().values()))
+  flipped = {bool: lambda v: not v, int: lambda v: v + 1, float: lambda v: v + 0.5,
+             str: lambda v: v + "_other", tuple: lambda v: v}
+  refused = []
+  for name in names:
+    value = defaults[name]
+    other = flipped[type(value)](value)
+    if other == value:
+      continue
+    hp = tiny_hparams()
+    hp.set_hparam(name, other)
+    if name in model.MTF_IMPLEMENTS:
+      assert name not in model.unimplemented_switches(hp), name
+    else:
+      assert model.unimplemented_switches(hp) == [name], name
+      refused.append(name)
+  assert {"routing_exclude_self", "routing_logit_scale", "reseed_dead_clusters",
+          "recompute_layers", "routing_mode"} <= set(refused)

@@ -81,7 +81,8 @@ def relative_table_gather(table, offsets, rows_dim, cols_dim, rel_dim):
                        grad_function=grad, name="relative_embeddings")
 
 
-def local_attention(q, k, v, block_length, flange, length_dim, d_dim, relative=None):
+def local_attention(q, k, v, block_length, flange, length_dim, d_dim, relative=None,
+                    dropout=None):
   """Causal blocked local attention (the paper's local heads), logits q . k without scaling.
 
   Each query block of `block_length` attends to itself (causal triangle) and to the
@@ -93,6 +94,8 @@ def local_attention(q, k, v, block_length, flange, length_dim, d_dim, relative=N
     flange: memory flange m, a multiple of b (hparam memory_flange).
     length_dim, d_dim: the length and d_head Dimensions.
     relative: optional (keys_table, values_table, rel_dim): [rel, d_head] Shaw tables.
+    dropout: optional function of the attention weights (attention dropout: after the softmax,
+      before the products with the values and the relative values, as the TF model).
   Returns:
     [batch, heads, length, d_head] (the shape of q).
   """
@@ -127,6 +130,8 @@ def local_attention(q, k, v, block_length, flange, length_dim, d_dim, relative=N
                             mtf.less_equal(key_offset, query_offset))
   logits += mtf.cast(mtf.logical_not(allowed), logits.dtype) * MASK
   probs = mtf.softmax(logits, memory_dim)
+  if dropout is not None:
+    probs = dropout(probs)
   out_shape = batch_heads + [blocks_dim, block_dim, d_dim]
   out = mtf.einsum([probs, v_m], output_shape=out_shape)
   if relative is not None:
@@ -225,7 +230,7 @@ def commitment_loss(x_hat, centroids, clusters, weights, clusters_dim, d_dim):
 
 
 def routing_attention(q, k, v, centroids, window, dims, share_qk=True, weights=None,
-                      relative=None):
+                      relative=None, dropout=None):
   """Causal routing attention inside balanced clusters (SPEC section 2), named dimensions.
 
   Args:
@@ -237,6 +242,7 @@ def routing_attention(q, k, v, centroids, window, dims, share_qk=True, weights=N
     weights: optional float [batch, length], 1 for real positions and 0 for padding (padding is
       masked as keys, never preferred as members, excluded from the commitment loss).
     relative: optional (keys_table, values_table, rel_dim) indexed by rank distance in a cluster.
+    dropout: optional function of the attention weights (as in `local_attention`).
   Returns:
     (output [batch, heads, length, d_head], aux) with aux "q_hat", "k_hat", "query_clusters",
     "key_clusters" (only without share_qk), "commitment_loss" (scalar), "weights",
@@ -280,6 +286,8 @@ def routing_attention(q, k, v, centroids, window, dims, share_qk=True, weights=N
   allowed = allowed * key_real  # [b, h, c, w, w_k]
   logits += (1.0 - allowed) * MASK
   probs = mtf.softmax(logits, window_k)
+  if dropout is not None:
+    probs = dropout(probs)
   out_shape = [b, h, c, window_dim, d]
   out_c = mtf.einsum([probs, v_c], output_shape=out_shape)
   if relative is not None:

@@ -1,4 +1,4 @@
-"""The decoder-only Routing Transformer LM in Mesh-TensorFlow (SPEC section 4, section 8).
+"""The decoder-only Routing Transformer LM in Mesh-TensorFlow.
 
 The same architecture as `routing_transformer.t2t.model` (token embedding, dense to hidden_size, per
 layer local + routing heads with Shaw relative positions, shared head_dense, output transform,
@@ -70,31 +70,42 @@ def dimension_sizes(hparams, vocab_size):
   return sizes
 
 
+# The hparams of the TF model (hparams/base.py) that routing_transformer_mtf implements. Every
+# other hparam of the TF model set away from its default is refused (`unimplemented_switches`).
+MTF_IMPLEMENTS = frozenset((
+    "add_timing_signal", "attention_dropout", "beta", "decay", "ema", "embedding_dims",
+    "ffn_layer", "filter_size", "head_dense", "local_num_heads", "local_relative",
+    "max_target_length", "memory_flange", "num_decoder_layers", "query_shape", "relu_dropout",
+    "share_qk", "sparsity_cluster_attention_window", "sparsity_cluster_num_heads",
+    "sparsity_cluster_relative", "sparsity_cluster_size", "sparsity_skip_first",
+    "target_dropout",
+    # read by no training model: decoding (routing_transformer decodes), data reading, the
+    # encoder-decoder attention's block (decoder-only here), the non-finite guard (none here)
+    "fast_decode", "nucleus_sampling", "sampling_keep_top_k", "skip_corrupt_records",
+    "memory_query_shape", "nan_guard"))
+# T2T hparams whose non-default values the TF model implements and this one does not.
+T2T_SWITCHES = ("activation_dtype", "weight_dtype")
+
+
+def unimplemented_switches(hparams):
+  """Names of the TF model's hparams set away from their defaults that this model lacks."""
+  from hparams import base  # pylint: disable=g-import-not-at-top
+  from tensor2tensor.layers import common_hparams  # pylint: disable=g-import-not-at-top
+  defaults = base.sparse_transformer_local().values()
+  t2t = common_hparams.basic_params1().values()
+  names = sorted(set(defaults) - set(t2t) - MTF_IMPLEMENTS) + list(T2T_SWITCHES)
+  values = hparams.values()
+  return [name for name in names if name in values and values[name] != defaults[name]]
+
+
 def check_mtf_hparams(hparams, vocab_size=None):
   """Raises MtfHParamsError (one line naming the fix) on unsupported hparams or layouts."""
   problems = []
-  if hparams.num_encoder_layers > 0:
-    problems.append("num_encoder_layers=%d: routing_transformer_mtf is decoder-only; use "
-                    "num_encoder_layers=0 or --model=routing_transformer"
-                    % hparams.num_encoder_layers)
-  if hparams.routing_mode != "topk":
-    problems.append("routing_mode=%r is not supported by routing_transformer_mtf; use 'topk' "
-                    "or --model=routing_transformer" % hparams.routing_mode)
-  if hparams.random_routing:
-    problems.append("random_routing=True is not supported by routing_transformer_mtf")
-  if hparams.get("legacy_kmeans_counts", False):
-    problems.append("legacy_kmeans_counts=True is not supported by routing_transformer_mtf; use "
-                    "--model=routing_transformer")
-  tf_graph_only = [name for name in ("recompute_layers", "recompute_attention",
-                                      "logits_chunk_size", "ffn_rebuild_linear")
-                   if hparams.values().get(name)]
-  if tf_graph_only:
-    problems.append("%s: memory switches of --model=routing_transformer, which "
-                    "routing_transformer_mtf does not read (Mesh-TF's XLA compilation decides "
-                    "what it keeps); unset them" % ", ".join(tf_graph_only))
-  if hparams.get("full_attention", False):
-    problems.append("full_attention=True is not supported by routing_transformer_mtf; use "
-                    "--model=routing_transformer")
+  unimplemented = unimplemented_switches(hparams)
+  if unimplemented:
+    problems.append("%s: not implemented by routing_transformer_mtf; unset them or use "
+                    "--model=routing_transformer" % ", ".join(
+                        "%s=%r" % (name, hparams.get(name)) for name in unimplemented))
   if hparams.label_smoothing:
     problems.append("label_smoothing=%s is not supported; use label_smoothing=0"
                     % hparams.label_smoothing)
@@ -248,6 +259,7 @@ class MtfRoutingTransformer(object):
       groups.append(("local", mtf.Dimension("local_heads" if num_routing else "heads",
                                             num_local)))
     outputs, loss = [], 0.0
+    drop = lambda probs: self.dropout(probs, hparams.attention_dropout)  # on the weights
     for kind, h in groups:
       with tf.variable_scope(kind):
         shared = kind == "routing" and hparams.share_qk  # no key projection: keys = queries
@@ -265,7 +277,7 @@ class MtfRoutingTransformer(object):
               hparams.sparsity_cluster_attention_window,
               dict(batch=b, heads=h, length=n, d_head=d, clusters=dims["clusters"]),
               share_qk=hparams.share_qk, weights=weights,
-              relative=self.relative_tables(hparams.sparsity_cluster_relative))
+              relative=self.relative_tables(hparams.sparsity_cluster_relative), dropout=drop)
           x_hats, clusters = tf_kmeans.routed_vectors(aux, hparams.share_qk)
           loss = km.loss(aux["commitment_loss"], x_hats, clusters, weights)
           if self.train:  # with ema=False only the EMA statistics move (MtfKMeans.update)
@@ -273,11 +285,10 @@ class MtfRoutingTransformer(object):
         else:
           out = attention.local_attention(
               q, k, v, hparams.query_shape[0], hparams.memory_flange[0], n, d,
-              relative=self.relative_tables(hparams.local_relative))
+              relative=self.relative_tables(hparams.local_relative), dropout=drop)
         outputs.append((h, out))
     y = 0.0
     for h, out in outputs:
-      out = self.dropout(out, hparams.attention_dropout)
       if hparams.head_dense:  # one [d, d] map shared by all heads (and both kinds)
         d_out = mtf.Dimension("d_head_out", d.size)
         out = mtf.rename_dimension(self.dense(out, d, d_out, "head_dense"), "d_head_out",
@@ -340,7 +351,8 @@ class MtfRoutingTransformer(object):
       drop = mtf.less(mtf.random_uniform(self.mesh, targets.shape), hparams.target_dropout)
       ids = mtf.where(drop, mtf.zeros_like(targets), targets)
     shifted = mtf.shift(ids, 1, dims["length"], wrap=False)
-    x = self.embed(shifted)
+    # the decoder's input dropout (layer_prepostprocess_dropout), as the TF model and the original
+    x = self.dropout(self.embed(shifted), hparams.layer_prepostprocess_dropout)
     extra = []
     for i in range(hparams.num_decoder_layers):
       with tf.variable_scope("decoder_layer_%d" % i):
