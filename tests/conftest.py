@@ -46,6 +46,7 @@ FIRST = (
     "test_t2t_decoder.py",       # 5 t2t-decoder runs on the shared trained run
     "test_mtf_trainer.py",       # the Mesh-TF run
     # the longest modules that are not `slow`
+    "test_memorise.py", "test_step_order.py",
     "test_health.py", "test_step_memory.py", "test_mtf_model.py", "test_problems.py",
     "test_keras.py",
     "test_recompute.py", "test_causal_window.py", "test_analysis.py", "test_books.py",
