@@ -92,7 +92,8 @@ def sparse_transformer_local():
       # and enter the k-means statistics and commitment loss (no key mask in the decoder). The
       # Scorer sets it for original-release checkpoints (core/attention/routing.py).
       routing_padding_as_original=False,
-      # Extensions beyond the paper (off here and in every paper set; docs/routing_learning.md):
+      # Extensions beyond the paper (off here and in every paper set;
+      # research/notes/routing_learning.md):
       routing_exclude_self=False,  # a routing query skips its own position if it has others
       routing_logit_scale="none",  # "none" (paper) | "rsqrt_depth" | "learned" (per head)
       head_dense=True,           # shared per-head [d_head, d_head] map after attention

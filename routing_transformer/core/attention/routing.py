@@ -383,7 +383,8 @@ def routing_attention(q, k, v, centroids, window, causal=True, share_qk=True, pa
 
 
 def routing_statistics(member_count, self_weight, weights):
-  """What holds routing heads back, as two scalars (TRAIN summaries; docs/routing_learning.md).
+  """What holds routing heads back, as two scalars (TRAIN summaries;
+  research/notes/routing_learning.md).
 
   Args:
     member_count: [b, h, n] number of clusters each query is in (aux "member_count").
