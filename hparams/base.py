@@ -18,7 +18,8 @@ def _add(hparams, **kwargs):
 
 @registry.register_hparams
 def sparse_transformer_local():
-  """Local-attention-only base model (SPEC section 6); routing sets add routing heads."""
+  """Local-attention-only base model (the original release's `sparse_transformer_local`,
+  google-research `routing_transformer/`); routing sets add routing heads."""
   hparams = common_hparams.basic_params1()
   hparams.max_length = 4096
   hparams.batch_size = 4096

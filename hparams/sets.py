@@ -1,7 +1,8 @@
-"""Registered hparams sets of the paper (SPEC section 6), the CIFAR-10 ablation and tiny sets.
+"""Registered hparams sets of the paper (the original release's sets, google-research
+`routing_transformer/`), the CIFAR-10 ablation (Table 1 of Roy et al., TACL 2021) and tiny sets.
 
-Every set starts from `base.sparse_transformer_local()` and sets exactly the values of the SPEC
-table; the helpers below map one table row (or table cell) onto the hparams.
+Every set starts from `base.sparse_transformer_local()` and sets exactly the values of the original
+release's set; the helpers below map one table row (or table cell) onto the hparams.
 """
 from tensor2tensor.utils import registry
 

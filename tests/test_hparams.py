@@ -1,4 +1,5 @@
-"""Registered hparams sets against the SPEC section 6 table (written here independently)."""
+"""Registered hparams sets against the original release's values (google-research
+`routing_transformer/`; the table written here independently)."""
 import itertools
 
 import pytest

@@ -333,7 +333,8 @@ def routing_attention(q, k, v, centroids, window, causal=True, share_qk=True, pa
                       relative_keys=None, relative_values=None, random_routing=False,
                       exclude_self=False, logit_scale=None, dropout_rate=0.0,
                       padding_as_original=False, recompute=False):
-  """Content-based sparse attention inside balanced clusters (SPEC section 2).
+  """Content-based sparse attention inside balanced clusters (Roy et al., TACL 2021,
+  Algorithm 1).
 
   Args:
     q, k, v: [b, h, n, d] routing-head queries, keys, values.
