@@ -20,7 +20,7 @@ test-research: setup
 	$(PY) -m pytest -q research/tests $(PYTEST_ARGS)
 
 # Real books (Project Gutenberg's Shakespeare as a miniature PG-19): routing vs local. Target
-# <= 20 min; it took 18 min 25 s on 2 AVX2 cores with .venv set up (2026-11-25, `make demo`, with the probes).
+# <= 20 min; it takes 18 min 25 s on 2 AVX2 cores with .venv set up (the probes included).
 demo: setup
 	$(PY) scripts/demo.py $(DEMO_ARGS)
 
