@@ -4,7 +4,7 @@ PYTEST_ARGS ?=
 # Options for the bench-* targets' scripts, e.g. make bench-train BENCH_ARGS="--steps 3".
 BENCH_ARGS ?=
 
-.PHONY: soak setup test bench-attention bench-train bench-memory bench-profile bench-decode bench-quality bench-peers bench-matmul bench-fused-geglu demo demo-long-range books clean
+.PHONY: soak setup test test-research bench-attention bench-train bench-memory bench-profile bench-decode bench-quality bench-peers bench-matmul bench-fused-geglu demo demo-long-range books clean
 
 setup:
 	@bash scripts/setup.sh
@@ -15,8 +15,12 @@ PYTEST_WORKERS ?= 2
 test: setup
 	$(PY) -m pytest -q tests -n $(PYTEST_WORKERS) --dist loadscope --no-loadscope-reorder $(PYTEST_ARGS)
 
+# The research code's tests (research/tests; not part of `make test`: test_fused_geglu needs g++).
+test-research: setup
+	$(PY) -m pytest -q research/tests $(PYTEST_ARGS)
+
 # Real books (Project Gutenberg's Shakespeare as a miniature PG-19): routing vs local. Target
-# <= 20 min; it took 18 min 25 s on 2 AVX2 cores with .venv set up (2026-11-25, `make demo`, with the probes).
+# <= 20 min; it takes 18 min 25 s on 2 AVX2 cores with .venv set up (the probes included).
 demo: setup
 	$(PY) scripts/demo.py $(DEMO_ARGS)
 
@@ -38,12 +42,6 @@ soak: setup
 bench-decode: setup
 	$(PY) benchmarks/decode.py $(BENCH_ARGS)
 
-bench-quality: setup
-	$(PY) benchmarks/long_range_quality.py $(BENCH_ARGS)
-
-bench-profile: setup
-	$(PY) benchmarks/tiny_step_profile.py $(BENCH_ARGS)
-
 bench-train: setup
 	$(PY) benchmarks/train_step.py $(BENCH_ARGS)
 
@@ -51,17 +49,25 @@ bench-train: setup
 bench-memory: setup
 	$(PY) benchmarks/train_memory.py $(BENCH_ARGS)
 
-# The dense layers' matmul in each operand layout (MatMul transpose_a / transpose_b, matmul_nt).
-bench-matmul: setup
-	$(PY) benchmarks/matmul_layouts.py $(BENCH_ARGS)
-
-# GEGLU's element-wise chains as compiled fused kernels (g++) against TF's ops, step side by side.
-bench-fused-geglu: setup
-	$(PY) benchmarks/fused_geglu.py $(BENCH_ARGS)
-
 # Not part of CI: PyTorch routing-transformer in its own venv (benchmarks/.venv-peers) vs ours.
 bench-peers: setup
 	$(PY) benchmarks/peers.py $(PEERS_ARGS)
 
+# Research (research/, not installed): studies and one-off investigations, results under
+# research/results. Not part of CI.
+bench-quality: setup
+	$(PY) research/long_range_quality.py $(BENCH_ARGS)
+
+bench-profile: setup
+	$(PY) research/tiny_step_profile.py $(BENCH_ARGS)
+
+# The dense layers' matmul in each operand layout (MatMul transpose_a / transpose_b, matmul_nt).
+bench-matmul: setup
+	$(PY) research/matmul_layouts.py $(BENCH_ARGS)
+
+# GEGLU's element-wise chains as compiled fused kernels (g++) against TF's ops, step side by side.
+bench-fused-geglu: setup
+	$(PY) research/fused_geglu.py $(BENCH_ARGS)
+
 clean:
-	rm -rf .pytest_cache benchmarks/results demo_output soak_output build/kernels
+	rm -rf .pytest_cache benchmarks/results research/results demo_output soak_output build/kernels

@@ -1,7 +1,9 @@
 """Shared benchmark helpers: peak tensor memory, timing, same-run matmul roofline, JSON output."""
+import collections
 import json
 import os
 import platform
+import re
 import statistics
 import sys
 import time
@@ -265,3 +267,90 @@ def fit_exponent(ns, times):
   if len(ns) < 2:
     return None
   return float(np.polyfit(np.log(ns), np.log(times), 1)[0])
+
+
+# --- a traced step's op time; what the backward pass reads (kept_for_backward) -------------------
+
+def op_times(step_stats, top=12):
+  """{"by_op": [(op type, ms)], "by_part": {forward/backward/optimizer: ms}, "mb_by_op": [(op
+  type, MB of outputs allocated)], "total_ms", "total_mb"} summed over the compute threads of
+  one traced step (time sums exceed wall time when ops run in parallel); `top=None`: every op
+  type."""
+  by_op, by_part, mb_by_op = collections.Counter(), collections.Counter(), collections.Counter()
+  for device in step_stats.dev_stats:
+    for node in device.node_stats:
+      ms = (node.all_end_rel_micros or node.op_end_rel_micros) / 1000.0
+      name = node.node_name
+      op = node.timeline_label.split("(")[0].split("= ")[-1].strip() if node.timeline_label \
+          else name
+      by_op[op] += ms
+      part = ("backward" if "gradients" in name else
+              "optimizer" if name.startswith("training/") else "forward")
+      by_part[part] += ms
+      mb_by_op[op] += sum(o.tensor_description.allocation_description.requested_bytes
+                          for o in node.output) / 2.0 ** 20
+  return {"by_op": [(k, round(v, 2)) for k, v in by_op.most_common(top)],
+          "by_part": {k: round(v, 2) for k, v in by_part.items()},
+          "mb_by_op": [(k, round(v, 1)) for k, v in mb_by_op.most_common(top)],
+          "total_ms": round(sum(by_op.values()), 2), "total_mb": round(sum(mb_by_op.values()), 1)}
+
+
+GRADIENT = re.compile(r"(^|/)gradients(_\d+)?/")
+# Ops whose output is (a view of) their first input, or of input value_index for IdentityN.
+VIEWS = ("Identity", "IdentityN", "Reshape", "Squeeze", "ExpandDims", "StopGradient",
+         "Snapshot", "PreventGradient")
+# Ops whose outputs live beyond a step (variables, constants, feeds): not part of its peak.
+PERSISTENT = ("VarHandleOp", "ReadVariableOp", "VariableV2", "Variable", "Const", "HostConst",
+              "Placeholder", "PlaceholderWithDefault", "_Arg", "_Recv", "_HostRecv")
+
+
+def needed_ops(fetches):
+  """Names of the ops the fetches depend on (data and control inputs): what a step runs."""
+  seen, stack = set(), [f.op if hasattr(f, "op") else f for f in fetches]
+  while stack:
+    op = stack.pop()
+    if op.name in seen:
+      continue
+    seen.add(op.name)
+    stack.extend(t.op for t in op.inputs)
+    stack.extend(op.control_inputs)
+  return seen
+
+
+def buffer_of(t):
+  """The tensor whose buffer t is (through VIEWS)."""
+  while t.op.type in VIEWS:
+    t = t.op.inputs[t.value_index if t.op.type == "IdentityN" else 0]
+  return t
+
+
+def tensor_bytes(t):
+  """Bytes of t from its static shape, None when the shape is not fully defined."""
+  if not t.shape.is_fully_defined() or t.dtype.base_dtype.size == 0:
+    return None
+  return t.shape.num_elements() * t.dtype.base_dtype.size
+
+
+def kept_for_backward(graph, fetches):
+  """({buffer tensor name: (bytes, op name, op type, shape)} of the forward tensors the step's
+  gradient ops read, bytes of the variables / constants they read, count of tensors read
+  without static shapes)."""
+  needed = needed_ops(fetches)
+  kept, persistent, unknown = {}, {}, set()
+  for op in graph.get_operations():
+    if op.name not in needed or not GRADIENT.search(op.name):
+      continue
+    for t in op.inputs:
+      if GRADIENT.search(t.op.name):
+        continue
+      base = buffer_of(t)
+      if GRADIENT.search(base.op.name):
+        continue
+      nbytes = tensor_bytes(base)
+      if nbytes is None:
+        unknown.add(base.name)
+      elif base.op.type in PERSISTENT:
+        persistent[base.name] = nbytes
+      else:
+        kept[base.name] = (nbytes, base.op.name, base.op.type, base.shape.as_list())
+  return kept, sum(persistent.values()), len(unknown)

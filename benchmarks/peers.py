@@ -163,11 +163,11 @@ def torch_op_profile(step, top=15):
 def tf_op_profile(run, top=15):
   """One traced step of ours (tf1 RunMetadata): op time and output MB per op type."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  import tiny_step_profile  # pylint: disable=g-import-not-at-top
+  import common  # pylint: disable=g-import-not-at-top
   tf1 = tf.compat.v1
   metadata = tf1.RunMetadata()
   run(options=tf1.RunOptions(trace_level=tf1.RunOptions.FULL_TRACE), run_metadata=metadata)
-  out = tiny_step_profile.op_times(metadata.step_stats, top=None)  # every op type
+  out = common.op_times(metadata.step_stats, top=None)  # every op type
   out["matmul_share"] = round(matmul_share(out["by_op"], TF_MATMUL_OPS), 3)
   out["by_op"], out["mb_by_op"] = out["by_op"][:top], out["mb_by_op"][:top]
   return out

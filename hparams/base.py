@@ -18,8 +18,8 @@ def _add(hparams, **kwargs):
 
 @registry.register_hparams
 def sparse_transformer_local():
-  """Local-attention-only base model (the original's `sparse_transformer_local`); routing sets
-  add routing heads."""
+  """Local-attention-only base model (the original release's `sparse_transformer_local`,
+  google-research `routing_transformer/`); routing sets add routing heads."""
   hparams = common_hparams.basic_params1()
   hparams.max_length = 4096
   hparams.batch_size = 4096
@@ -98,7 +98,8 @@ def sparse_transformer_local():
       # and enter the k-means statistics and commitment loss (no key mask in the decoder). The
       # Scorer sets it for original-release checkpoints (core/attention/routing.py).
       routing_padding_as_original=False,
-      # Extensions beyond the paper (off here and in every paper set; docs/routing_learning.md):
+      # Extensions beyond the paper (off here and in every paper set;
+      # research/notes/routing_learning.md):
       routing_exclude_self=False,  # a routing query skips its own position if it has others
       routing_logit_scale="none",  # "none" (paper) | "rsqrt_depth" | "learned" (per head)
       head_dense=True,           # shared per-head [d_head, d_head] map after attention

@@ -55,7 +55,8 @@ def _dropouts(hparams, rate):
 
 def _routing_switches(hparams):
   """The two switches beyond the paper with which routing heads learn far look-ups
-  (docs/routing_learning.md, phase G): logits scaled by 1/sqrt(d), a query kept off itself."""
+  (research/notes/routing_learning.md, phase G): logits scaled by 1/sqrt(d), a query kept off
+  itself."""
   hparams.routing_logit_scale = "rsqrt_depth"
   hparams.routing_exclude_self = True
   return hparams
@@ -386,7 +387,7 @@ def _tiny_recipe(hparams):
   residual with logits of std ~0.04, and a tiny model learns no look-up in 500 steps. With the
   rate decaying from 0.05 (`WARMUP_SCHEDULE`: 0.016 at step 1,000) full attention answered
   0.46-0.74 of the far look-ups after 3,000 steps, with 0.05 held none; held at 0.01 it answers
-  0.92-0.97, three seeds (docs/routing_learning.md, the look-up study, phases H-M)."""
+  0.92-0.97, three seeds (research/notes/routing_learning.md, the look-up study, phases H-M)."""
   hparams.learning_rate_schedule = HELD_SCHEDULE
   hparams.initializer_gain = 1.0
   hparams.learning_rate_warmup_steps = 100
@@ -397,7 +398,7 @@ def _tiny_recipe(hparams):
 def _books_recipe(hparams):
   """`_tiny_recipe` with the rate rising to 0.05 over 100 steps, then decaying as rsqrt
   (`WARMUP_SCHEDULE`: 0.019 at step 700): `make demo`'s 700 steps on the books reach a validation
-  loss of 4.78 with it and 5.14 with the rate held at 0.01 (docs/routing_learning.md)."""
+  loss of 4.78 with it and 5.14 with the rate held at 0.01 (research/notes/routing_learning.md)."""
   _warmup(_tiny_recipe(hparams))
   hparams.learning_rate_constant = 0.05
   return hparams
@@ -465,10 +466,10 @@ def routing_only_transformer_tiny1k():
   """`routing_transformer_tiny1k` with four routing heads in both layers (8 clusters x 128) and no
   local heads, routing logits scaled by 1/sqrt(d) (`routing_logit_scale=rsqrt_depth`) and a query
   kept off its own position (`routing_exclude_self`), two switches beyond the paper: the routing
-  model that learns look-ups beyond a local window at this scale (docs/routing_learning.md,
-  phases E-G). With local heads beside the routing heads, or with the paper's unscaled logits,
-  tiny models learn none in 1,000 steps (the paper's layout none in 3,000 at the held rate,
-  phase L)."""
+  model that learns look-ups beyond a local window at this scale
+  (research/notes/routing_learning.md, phases E-G). With local heads beside the routing heads,
+  or with the paper's unscaled logits, tiny models learn none in 1,000 steps (the paper's layout
+  none in 3,000 at the held rate, phase L)."""
   hparams = _heads(routing_transformer_tiny1k(), local=0, routing=4, skip_first=0, clusters=8,
                    window=128)
   return _routing_switches(hparams)
@@ -524,23 +525,6 @@ def pg19_local_cluster_tiny2k():
 def pg19_local_tiny2k():
   """`pg19_local_cluster_tiny2k` with local heads only (same head count, widths, layers)."""
   return _heads(pg19_local_cluster_tiny2k(), local=4, skip_first=1)
-
-
-@registry.register_hparams
-def pg19_routing_switches_tiny2k():
-  """`pg19_local_cluster_tiny2k` (the demo's routing model) with the routing switches of
-  `routing_only_transformer_tiny1k` (`benchmarks/books_routing_study.py`)."""
-  return _routing_switches(pg19_local_cluster_tiny2k())
-
-
-@registry.register_hparams
-def pg19_routing_only_tiny2k():
-  """`pg19_local_cluster_tiny2k` laid out as `routing_only_transformer_tiny1k`: four routing heads
-  in both layers (16 clusters x 128), no local heads, both switches
-  (`benchmarks/books_routing_study.py`)."""
-  hparams = _heads(pg19_local_cluster_tiny2k(), local=0, routing=4, skip_first=0, clusters=16,
-                   window=128)
-  return _routing_switches(hparams)
 
 
 @registry.register_hparams

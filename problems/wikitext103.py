@@ -26,10 +26,11 @@ from problems.errors import require_file
 FILES = {"train": "wiki.train.tokens", "dev": "wiki.valid.tokens", "test": "wiki.test.tokens"}
 UNK = "<unk>"
 VOCAB_FILENAME = "vocab.wikitext103.tokens"
-HOW_TO_GET = ("Get wikitext-103-v1.zip (https://s3.amazonaws.com/research.metamind.io/wikitext/"
-              "wikitext-103-v1.zip), unzip it and pass --tmp_dir=<folder holding wikitext-103/> "
-              "or set WIKITEXT103_DIR; the files are wiki.train.tokens, wiki.valid.tokens, "
-              "wiki.test.tokens.")
+HOW_TO_GET = ("Get the wikitext-103-v1 files of the Hugging Face dataset Salesforce/wikitext "
+              "(https://huggingface.co/datasets/Salesforce/wikitext; the original zip is no longer "
+              "served), write them as wiki.train.tokens, wiki.valid.tokens and wiki.test.tokens "
+              "(docs/training.md, WikiText-103) and pass --tmp_dir=<folder holding them or "
+              "wikitext-103/> or set WIKITEXT103_DIR.")
 
 
 def find_root(tmp_dir):

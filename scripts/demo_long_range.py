@@ -36,8 +36,9 @@ quiet_tensorflow()  # this process predicts, reads event files and draws: no TF 
 PROBLEM = "long_range_retrieval_1k_mixed"
 STEPS = 1500  # per model at the tiny sets' held rate (full ~0.8 far); docs/long_range_demo.md
 # "routing": the routing model that learns far look-ups at this scale (routing heads in both
-# layers, no local heads, two switches; docs/routing_learning.md); "routing_paper" (the paper's
-# layout and logits, `--models full,routing,routing_paper,local`) learns none in 3,000 steps.
+# layers, no local heads, two switches; research/notes/routing_learning.md); "routing_paper" (the
+# paper's layout and logits, `--models full,routing,routing_paper,local`) learns none in 3,000
+# steps.
 MODELS = {"full": "full_transformer_tiny1k", "routing": "routing_only_transformer_tiny1k",
           "routing_paper": "routing_transformer_tiny1k", "local": "local_transformer_tiny1k"}
 DEFAULT_MODELS = "full,routing,local"

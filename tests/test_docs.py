@@ -1039,16 +1039,9 @@ WRITERS = [
     ("scripts/demo_long_range.py", "output", ["scripts/demo_long_range.py",
                                               "scripts/t2t_runs.py",
                                               "routing_transformer/tools/analysis.py"], "MODELS"),
-    ("benchmarks/long_range_quality.py", "output", ["benchmarks/long_range_quality.py"], "TASKS"),
-    ("benchmarks/lookup_study.py", "out", ["benchmarks/lookup_study.py"], None),
-    ("benchmarks/books_routing_study.py", "output", ["benchmarks/books_routing_study.py",
-                                                     "scripts/t2t_runs.py",
-                                                     "routing_transformer/tools/analysis.py"],
-     "MODELS"),
     ("benchmarks/attention.py", "out", ["benchmarks/attention.py"], None),
     ("benchmarks/train_step.py", "out", ["benchmarks/train_step.py"], None),
     ("benchmarks/train_memory.py", "out", ["benchmarks/train_memory.py"], None),
-    ("benchmarks/tiny_step_profile.py", "out", ["benchmarks/tiny_step_profile.py"], None),
     ("benchmarks/decode.py", "out", ["benchmarks/decode.py"], None),
     ("benchmarks/peers.py", "out", ["benchmarks/peers.py"], None),
     ("scripts/soak.py", "output_dir", ["scripts/soak.py"], None),
@@ -1117,11 +1110,11 @@ def test_output_paths_are_what_the_code_writes(parsers):
 
 def test_output_path_check_catches_drift(parsers):
   found = writers(parsers)
-  for path in ("demo_output/<model>.decodes.tsv", "benchmarks/results/quality/quality.{md,json}",
+  for path in ("demo_output/<model>.decodes.tsv", "benchmarks/results/attention.svg",
                "demo_output/long_range/analysis/head_jss.md"):
     assert not path_written(path, found), path
   for path in ("demo_output/long_range/<model>.decodes.tsv", "soak_output/report.json",
-               "benchmarks/results/quality/long_range.{json,md,png}",
+               "benchmarks/results/attention.{json,png}",
                "demo_output/analysis/head_focus.md"):
     assert path_written(path, found), path
 

@@ -181,7 +181,7 @@ def test_tiny_sets_keep_a_linear_warm_up(registry):
                "routing_transformer_mtf_tiny"):
     assert got[name] == pytest.approx([1e-4, 0.005, 0.01, 0.01, 0.01], rel=1e-5), name
   books = [5e-4, 0.025, 0.05, 0.025, 0.05 * (100 / 3000) ** 0.5]
-  for name in ("pg19_local_cluster_tiny2k", "pg19_local_tiny2k", "pg19_routing_only_tiny2k"):
+  for name in ("pg19_local_cluster_tiny2k", "pg19_local_tiny2k"):
     assert got[name] == pytest.approx(books, rel=1e-5), name
 
 
@@ -198,8 +198,9 @@ def test_sets_are_fresh_objects(registry):
 
 
 def test_routing_only_set_is_the_layout_that_learns_far_look_ups(registry):
-  """docs/routing_learning.md phases E-G: four routing heads in both layers, no local heads,
-  logits scaled by 1/sqrt(d), self exclusion; the paper's routing sets keep neither switch."""
+  """research/notes/routing_learning.md phases E-G: four routing heads in both layers, no local
+  heads, logits scaled by 1/sqrt(d), self exclusion; the paper's routing sets keep neither
+  switch."""
   hp = registry.hparams("routing_only_transformer_tiny1k")
   assert (hp.local_num_heads, hp.sparsity_cluster_num_heads, hp.sparsity_skip_first) == (0, 4, 0)
   assert (hp.sparsity_cluster_size, hp.sparsity_cluster_attention_window) == (8, 128)
@@ -210,33 +211,14 @@ def test_routing_only_set_is_the_layout_that_learns_far_look_ups(registry):
     assert paper.routing_logit_scale == "none" and not paper.routing_exclude_self
 
 
-def test_books_study_sets_are_the_demo_model_with_the_switches(registry):
-  """benchmarks/books_routing_study.py: the demo's routing model with the two switches, and the
-  routing-only layout over 2,048 tokens (every position in about one cluster, as at 1k)."""
-  demo = registry.hparams("pg19_local_cluster_tiny2k")
-  switches = registry.hparams("pg19_routing_switches_tiny2k")
-  assert switches.routing_logit_scale == "rsqrt_depth" and switches.routing_exclude_self
-  assert demo.routing_logit_scale == "none" and not demo.routing_exclude_self
-  differ = {k for k, v in switches.values().items() if demo.values()[k] != v}
-  assert differ == {"routing_logit_scale", "routing_exclude_self"}
-  only = registry.hparams("pg19_routing_only_tiny2k")
-  assert (only.local_num_heads, only.sparsity_cluster_num_heads, only.sparsity_skip_first) == (
-      0, 4, 0)
-  assert only.sparsity_cluster_size * only.sparsity_cluster_attention_window == only.max_length
-  assert only.routing_logit_scale == "rsqrt_depth" and only.routing_exclude_self
-  assert (only.hidden_size, only.num_hidden_layers, only.batch_size) == (
-      demo.hidden_size, demo.num_hidden_layers, demo.batch_size)
-
-
 @pytest.mark.parametrize("name", ["routing_transformer_tiny", "local_transformer_tiny",
                                   "full_transformer_tiny", "routing_transformer_tiny_causal",
                                   "routing_transformer_tiny1k", "local_transformer_tiny1k",
                                   "full_transformer_tiny1k", "routing_only_transformer_tiny1k",
                                   "pg19_local_cluster_tiny2k",
-                                  "pg19_local_tiny2k", "pg19_full_tiny2k",
-                                  "pg19_routing_switches_tiny2k", "pg19_routing_only_tiny2k"])
+                                  "pg19_local_tiny2k", "pg19_full_tiny2k"])
 def test_tiny_sets_carry_the_recipe_that_learns_look_ups(registry, name):
-  """docs/routing_learning.md: at the paper's gain 0.2 a tiny model learns no look-up."""
+  """research/notes/routing_learning.md: at the paper's gain 0.2 a tiny model learns no look-up."""
   hp = registry.hparams(name)
   assert hp.initializer_gain == 1.0 and hp.initializer == "uniform_unit_scaling"
   assert hp.optimizer == "adafactor" and hp.optimizer_adafactor_multiply_by_parameter_scale

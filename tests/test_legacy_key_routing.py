@@ -42,7 +42,7 @@ def test_default_rule_differs_from_the_original_with_separate_keys(rng):
   want = reference.original_causal_routing(q, k, v, mu, W, rel_k, rel_v)
   assert np.abs(ours - want).max() > 0.05
   spec, _, _ = reference.routing(q, k, v, mu, W, causal=True, share_qk=False, rel_k=rel_k,
-                                 rel_v=rel_v)  # SPEC section 2: key members = query members
+                                 rel_v=rel_v)  # Algorithm 1: key members = query members
   np.testing.assert_allclose(ours, spec, rtol=1e-4, atol=1e-5)
 
 

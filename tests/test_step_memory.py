@@ -773,13 +773,13 @@ def test_causal_window_self_weight_is_a_diagonal_and_look_back_is_not_strided(rn
 
 def kept_and_values(graph, got, want, wrt, loss, gate_gradients=False, dtype=None):
   """Gradients of loss(got) and of loss(want) with respect to `wrt` in `graph`: (the forward
-  tensors each backward pass reads, step_memory_breakdown.kept_for_backward, for got and for
+  tensors each backward pass reads, benchmarks/common.py kept_for_backward, for got and for
   want; the values [got, want, *dgot, *dwant], cast to `dtype` when given)."""
-  step_memory_breakdown = benchmark_module("step_memory_breakdown")
+  common_bench = benchmark_module("common")
   with graph.as_default():
     dgot = tf1.gradients(loss(got), wrt, gate_gradients=gate_gradients)
     dwant = tf1.gradients(loss(want), wrt, gate_gradients=gate_gradients)
-    kept = [step_memory_breakdown.kept_for_backward(graph, d)[0] for d in (dgot, dwant)]
+    kept = [common_bench.kept_for_backward(graph, d)[0] for d in (dgot, dwant)]
     fetches = [got, want] + dgot + dwant
     with tf1.Session(graph=graph) as sess:
       values = sess.run([tf.cast(t, dtype) for t in fetches] if dtype else fetches)
@@ -1127,69 +1127,20 @@ def test_peak_bytes_without_allocator_statistics_runs_fn_and_reports_none(monkey
   assert common.matmul_gflops(size=64, repeats=1) > 0
 
 
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_matmul_layouts_benchmark_times_every_layout(dtype):
-  """bench-matmul times the four layouts of one m x k x n product, each over its own operands
-  of the right shapes (a transposed operand [n, k] or [k, m])."""
-  matmul_layouts = benchmark_module("matmul_layouts")
-  with tf.Graph().as_default() as graph:
-    fetches = matmul_layouts.layout_ops(8, 4, 2, dtype)
-    products = {op.type for op in graph.get_operations()
-                if op.type in ("MatMul", "BatchMatMulV2")}
-  assert set(fetches) == set(matmul_layouts.LAYOUTS) and products == {"MatMul", "BatchMatMulV2"}
-  assert all(t.dtype == dtype for t in fetches.values())
-  m, k, n, seconds = matmul_layouts.time_layouts("8x4x2", 1, dtype)
-  assert (m, k, n) == (8, 4, 2) and set(seconds) == set(matmul_layouts.LAYOUTS)
-  assert all(s > 0 for s in seconds.values())
-
-
-def test_memory_breakdown_counts_what_the_needed_gradient_ops_read():
-  """benchmarks/step_memory_breakdown.py's kept tensors: what the gradient ops the fetches need
-  read from the forward pass, in bytes (y = tanh(x w): dw reads x and tanh's output y; the
-  gradient of x, which would read w, is not fetched, so w is not kept)."""
-  step_memory_breakdown = benchmark_module("step_memory_breakdown")
+def test_kept_for_backward_counts_what_the_needed_gradient_ops_read():
+  """benchmarks/common.py's kept tensors (what the tests here read off the graph): what the
+  gradient ops the fetches need read from the forward pass, in bytes (y = tanh(x w): dw reads x
+  and tanh's output y; the gradient of x, which would read w, is not fetched, so w is not kept)."""
+  common = benchmark_module("common")
   graph = tf.Graph()
   with graph.as_default():
     x = tf.exp(tf.constant(np.ones((4, 3), np.float32)))
     w = tf.exp(tf.constant(np.ones((3, 5), np.float32)))
     y = tf.tanh(tf.reshape(tf.matmul(x, w), [20]))
     dw, = tf1.gradients(tf.reduce_sum(tf.reshape(y, [4, 5])), [w])
-    kept, _, _ = step_memory_breakdown.kept_for_backward(graph, [dw])
+    kept, _, _ = common.kept_for_backward(graph, [dw])
   floats = {name: value[0] for name, value in kept.items() if value[0] >= 48}
   assert floats == {x.name: 4 * 3 * 4, y.name: 20 * 4}, kept
-  assert step_memory_breakdown.label_frames(
-      [("common.py", "skew"), ("common.py", "relative_logits"), ("local.py", "local_attention"),
-       ("heads.py", "local_heads_attention"), ("model.py", "block")]) == (
-           "local heads", "skew < relative_logits")
-
-
-def test_memory_breakdown_sums_op_time_by_part_and_pass():
-  """step_memory_breakdown.op_time_by_part: a node traced on two streams counts once (its
-  longest span), a gradient op counts as backward for the part it differentiates, training/
-  ops as the optimizer, and the op type comes from the timeline label."""
-  from tensorflow.core.framework import step_stats_pb2  # pylint: disable=g-import-not-at-top
-  step_memory_breakdown = benchmark_module("step_memory_breakdown")
-  stats = step_stats_pb2.StepStats()
-  first, second = stats.dev_stats.add(device="cpu:0"), stats.dev_stats.add(device="cpu:0/stream")
-  first.node_stats.add(node_name="ffn/w1/MatMul", all_end_rel_micros=3000,
-                       timeline_label="ffn/w1/MatMul = _MklMatMul(x, w)")
-  second.node_stats.add(node_name="ffn/w1/MatMul", all_end_rel_micros=2000,
-                        timeline_label="ffn/w1/MatMul = _MklMatMul(x, w)")
-  first.node_stats.add(node_name="gradients/ffn/w1/MatMul_grad/MatMul_1", all_end_rel_micros=5000,
-                       op_end_rel_micros=6000,
-                       timeline_label="gradients/ffn/w1/MatMul_grad/MatMul_1 = _MklMatMul(x, dy)")
-  first.node_stats.add(node_name="ffn/gelu/mul", all_end_rel_micros=500,
-                       timeline_label="ffn/gelu/mul = Mul(a, b)")
-  first.node_stats.add(node_name="training/update_w1/mul", all_end_rel_micros=1500,
-                       timeline_label="training/update_w1/mul = Mul(g, lr)")
-  labeller = lambda name: (("optimizer", "adafactor", None) if name.startswith("training/")
-                           else ("feed-forward", "geglu_ffn", 0))
-  parts, rows = step_memory_breakdown.op_time_by_part(stats, labeller, top=10)
-  assert parts == {"feed-forward": 9.5, "optimizer": 1.5}
-  assert [(r["op_type"], r["pass"], r["nodes"], r["ms"]) for r in rows] == [
-      ("_MklMatMul", "backward", 1, 6.0), ("_MklMatMul", "forward", 1, 3.0),
-      ("Mul", "optimizer", 1, 1.5), ("Mul", "forward", 1, 0.5)]
-  assert len(step_memory_breakdown.op_time_by_part(stats, labeller, top=2)[1]) == 2
 
 
 # --- relative positions: the per-distance weights' recomputation -------------------------------
@@ -1269,7 +1220,7 @@ def test_ordered_softmax_backward_keeps_its_output_and_waits_for_the_gradient(rn
   gradient read e and the row sums and computed -e / sum^2 without the gradient, which the
   executor then ran in the forward pass and kept (3 [..., w, 2w] tensors per causal_window
   layer)."""
-  step_memory_breakdown = benchmark_module("step_memory_breakdown")
+  common_bench = benchmark_module("common")
   graph = tf.Graph()
   with graph.as_default():
     logits = tf.exp(tf.constant(rng.standard_normal((2, 3, 8, 16))))  # an op: kept is counted
@@ -1277,7 +1228,7 @@ def test_ordered_softmax_backward_keeps_its_output_and_waits_for_the_gradient(rn
     probs = common.ordered_softmax(logits, allowed)
     seed = tf.identity(tf.constant(rng.standard_normal((2, 3, 8, 16))), name="seed")
     dlogits, = tf1.gradients(probs, [logits], grad_ys=seed)
-    kept = step_memory_breakdown.kept_for_backward(graph, [dlogits])[0]
+    kept = common_bench.kept_for_backward(graph, [dlogits])[0]
   assert not gradient_ops_before_the_backward_pass(graph, [dlogits], 2 * 3 * 8 * 16)
   assert [(v[2], v[3]) for v in kept.values()] == [("RealDiv", [2, 3, 8, 16])], kept  # e / sum
 
@@ -1374,11 +1325,11 @@ def test_dense_and_geglu_gradients_rebuild_the_norm_output_bit_for_bit(dtype):
   rebuilt from the norm's input after the incoming gradient (`rebuild.for_gradient`, one re-run
   per norm shared by the three products): the same values and gradients bit for bit as with the
   output kept (`rebuild.off`), and neither norm output is kept, only x."""
-  step_memory_breakdown = benchmark_module("step_memory_breakdown")
+  common_bench = benchmark_module("common")
   fetched, kept = [], []
   for rebuilt in (False, True):
     graph, outputs, fetches = rebuilt_norm_graph(np.random.default_rng(5), rebuilt, dtype)
-    saved = step_memory_breakdown.kept_for_backward(graph, fetches[1:])[0]
+    saved = common_bench.kept_for_backward(graph, fetches[1:])[0]
     kept.append([buffer_of(t).name in saved for t in outputs])
     with tf1.Session(graph=graph) as sess:
       fetched.append(sess.run(fetches))
@@ -1411,7 +1362,7 @@ def test_attention_output_rebuilds_head_dense_output_bit_for_bit():
       variables = tf1.trainable_variables()
       seed = tf.identity(tf.constant(seed_np, tf.float32), name="seed")
       grads = tf1.gradients(y, [out] + variables, grad_ys=seed)
-      saved = benchmark_module("step_memory_breakdown").kept_for_backward(graph, grads)[0]
+      saved = benchmark_module("common").kept_for_backward(graph, grads)[0]
       names.append([v.name for v in variables])
       kept.append(sorted(saved))
       with tf1.Session(graph=graph) as sess:
@@ -1432,7 +1383,7 @@ def test_model_step_keeps_no_norm_output(rng, dtype):
   logits) nor, with bfloat16 activations, its bfloat16 cast is kept for the backward pass: the
   dense products, GEGLU and the output projection rebuild them from the norms' inputs, which the
   norms keep (with `rebuild.off` at build time they are kept)."""
-  step_memory_breakdown = benchmark_module("step_memory_breakdown")
+  common_bench = benchmark_module("common")
   targets = random_targets(rng)
   found = []
   for rebuilt in (False, True):
@@ -1441,7 +1392,7 @@ def test_model_step_keeps_no_norm_output(rng, dtype):
         _, losses = build(small_hparams(activation_dtype=dtype), TRAIN, {"targets": targets})
       grads = tf1.gradients(losses["training"] + losses["extra_loss"],
                             tf1.trainable_variables())
-      kept = step_memory_breakdown.kept_for_backward(graph, [g for g in grads if g is not None])[0]
+      kept = common_bench.kept_for_backward(graph, [g for g in grads if g is not None])[0]
       ops = {name: graph.get_tensor_by_name(name).op for name in kept}
       found.append(sorted(name for name, op in ops.items() if "layer_norm/" in name or (
           op.type == "Cast" and "layer_norm/" in op.inputs[0].name)))

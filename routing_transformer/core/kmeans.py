@@ -1,4 +1,5 @@
-"""Online mini-batch k-means that learns the routing centroids (SPEC section 3): all of it.
+"""Online mini-batch k-means that learns the routing centroids (Roy et al., TACL
+2021; the original release's k-means): all of it.
 
 - assignments and losses: `assignments` (argmax centroid), `commitment_loss`, `codebook_loss`,
   `clustering_loss` (the weight: the original's query term plus key term);

@@ -1,4 +1,5 @@
-"""Perplexity arithmetic shared by the evaluation tools and the scorer (SPEC section 7).
+"""Perplexity arithmetic shared by the evaluation tools and the scorer (word-level
+perplexity as the paper reports it for PG-19).
 
 Word-level perplexity of a subword or byte model is exp(total cross-entropy over a split, in
 nats / number of words in the split): the model's total NLL is spread over the words of the

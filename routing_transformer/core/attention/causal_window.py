@@ -1,4 +1,4 @@
-"""Strictly causal routing (SPEC 2b, `routing_mode="causal_window"`).
+"""Strictly causal routing (`routing_mode="causal_window"`: this port's extension beyond the paper).
 
 Every position i is assigned to its best centroid a_i (argmax of mu . q_hat_i) and attends to the
 (at most) `window` = w most recent positions j <= i of the same cluster, itself included. Which

@@ -4,9 +4,10 @@ At decode step t the new query attends to cached keys/values of positions 0..t (
 static length N; slots after t are ignored). Shapes: b = batch, h = heads, N = cache length,
 d = depth, c = clusters, w = window.
 
-Decode-time routing rule (SPEC section 5): at step t, cluster membership is the top-w of the
-centroid scores over the prefix 0..t only (positions after t do not compete). The query at t gets
-the average of its in-cluster attention over the clusters whose top-w contains t (0 if none).
+Decode-time routing rule (the cached decoder's, causal as generation needs): at step t, cluster
+membership is the top-w of the centroid scores over the prefix 0..t only (positions after t do
+not compete). The query at t gets the average of its in-cluster attention over the clusters whose
+top-w contains t (0 if none).
 The tests check the cached decoder against the same rule computed for every position of a full
 sequence (`prefix_routing_attention` in tests/oracles.py).
 """

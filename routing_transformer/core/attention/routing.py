@@ -333,7 +333,8 @@ def routing_attention(q, k, v, centroids, window, causal=True, share_qk=True, pa
                       relative_keys=None, relative_values=None, random_routing=False,
                       exclude_self=False, logit_scale=None, dropout_rate=0.0,
                       padding_as_original=False, recompute=False):
-  """Content-based sparse attention inside balanced clusters (SPEC section 2).
+  """Content-based sparse attention inside balanced clusters (Roy et al., TACL 2021,
+  Algorithm 1).
 
   Args:
     q, k, v: [b, h, n, d] routing-head queries, keys, values.
@@ -383,7 +384,8 @@ def routing_attention(q, k, v, centroids, window, causal=True, share_qk=True, pa
 
 
 def routing_statistics(member_count, self_weight, weights):
-  """What holds routing heads back, as two scalars (TRAIN summaries; docs/routing_learning.md).
+  """What holds routing heads back, as two scalars (TRAIN summaries;
+  research/notes/routing_learning.md).
 
   Args:
     member_count: [b, h, n] number of clusters each query is in (aux "member_count").

@@ -1,4 +1,5 @@
-"""Mesh-TensorFlow port of the Routing Transformer (SPEC section 8).
+"""Mesh-TensorFlow port of the Routing Transformer (model parallelism
+on TPU slices; the T2T model is the reference).
 
 attention: local and routing attention with named dimensions; kmeans: online k-means variables
 and EMA updates; model: the decoder-only LM; estimator: the T2T model `routing_transformer_mtf`

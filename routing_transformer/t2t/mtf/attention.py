@@ -1,4 +1,5 @@
-"""Local and routing attention written with Mesh-TensorFlow named dimensions (SPEC sections 2, 4).
+"""Local and routing attention written with Mesh-TensorFlow named dimensions (Roy et al.,
+TACL 2021, Algorithm 1).
 
 Tensors carry named dimensions instead of axes: q, k, v are [batch, heads, length, d_head]
 (`heads` is whatever head dimension the caller uses, e.g. "heads" or "routing_heads"), so a
@@ -36,7 +37,7 @@ def get_variable(mesh, name, shape, **kwargs):
 
 
 def layer_norm_no_scale(x, dim, epsilon=LN_EPSILON):
-  """LayerNorm without scale and bias over `dim`: mean 0, variance 1 (SPEC 2, step 1)."""
+  """LayerNorm without scale and bias over `dim`: mean 0, variance 1 (Algorithm 1, step 1)."""
   reduced = x.shape - dim
   mean = mtf.reduce_mean(x, output_shape=reduced)
   centred = x - mean
@@ -231,7 +232,8 @@ def commitment_loss(x_hat, centroids, clusters, weights, clusters_dim, d_dim):
 
 def routing_attention(q, k, v, centroids, window, dims, share_qk=True, weights=None,
                       relative=None, dropout=None):
-  """Causal routing attention inside balanced clusters (SPEC section 2), named dimensions.
+  """Causal routing attention inside balanced clusters (Roy et al., TACL 2021,
+  Algorithm 1), named dimensions.
 
   Args:
     q, k, v: [batch, heads, length, d_head] routing-head queries, keys, values.

@@ -1,4 +1,4 @@
-"""Online k-means of one routing layer in Mesh-TensorFlow (SPEC section 3).
+"""Online k-means of one routing layer in Mesh-TensorFlow (Roy et al., TACL 2021).
 
 Variables (named dims; `heads` may be split over the mesh like the routing heads):
   means      [heads, clusters, d_head]  centroids (init LayerNorm-without-scale of N(0, 1))

@@ -1,4 +1,5 @@
-"""The decoder-only Routing Transformer LM in Mesh-TensorFlow.
+"""The decoder-only Routing Transformer LM in Mesh-TensorFlow (Roy et al., TACL 2021;
+this port's model-parallel variant of the T2T model).
 
 The same architecture as `routing_transformer.t2t.model` (token embedding, dense to hidden_size, per
 layer local + routing heads with Shaw relative positions, shared head_dense, output transform,

@@ -24,7 +24,7 @@ Id 0 inside an input (the default pad_id, as the paper's "replace with padding")
 this model: it is embedded with the trained row 0 (the start symbol), and the position whose
 target is 0 is masked as a key by the routing heads (not by the local heads); the original
 release only embeds it. The drop control uses the same mechanics, so drop vs control stays fair;
-docs/probes_end_of_input.md ("what id 0 does inside an input").
+research/notes/probes_end_of_input.md ("what id 0 does inside an input").
 """
 import numpy as np
 

@@ -1,15 +1,15 @@
-"""benchmarks/fused_geglu.py: its compiled GEGLU kernels against TF's ops, values and gradients."""
+"""research/fused_geglu.py: its compiled GEGLU kernels against TF's ops, values and gradients."""
 import numpy as np
 import pytest
 import tensorflow as tf
 
-from conftest import benchmark_module
+from conftest import research_module
 from routing_transformer.core import layers
 
 
 @pytest.fixture(scope="module")
 def fused(tmp_path_factory):
-  module = benchmark_module("fused_geglu")
+  module = research_module("fused_geglu")
   path = module.build_kernel(str(tmp_path_factory.mktemp("kernels")))
   return module, module.load_kernel(path)
 
@@ -49,13 +49,13 @@ def test_fused_geglu_refuses_inputs_of_different_shapes(fused):
 
 
 def test_fused_geglu_without_a_compiler_names_the_fix(tmp_path):
-  module = benchmark_module("fused_geglu")
+  module = research_module("fused_geglu")
   with pytest.raises(RuntimeError, match="install g\\+\\+"):
     module.build_kernel(str(tmp_path), compiler="no-such-compiler-here")
 
 
 def test_fused_geglu_compile_failure_shows_the_compiler_output(tmp_path, monkeypatch):
-  module = benchmark_module("fused_geglu")
+  module = research_module("fused_geglu")
   broken = tmp_path / "broken.cc"
   broken.write_text("this is not C++;\n")
   monkeypatch.setattr(module, "SOURCE", str(broken))

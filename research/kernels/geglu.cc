@@ -1,4 +1,4 @@
-// GEGLU's element-wise part as two fused CPU kernels, for benchmarks/fused_geglu.py:
+// GEGLU's element-wise part as two fused CPU kernels, for research/fused_geglu.py:
 //   RoutingGeglu(a, b) -> h = gelu(a) * b                       (one pass: reads a, b; writes h)
 //   RoutingGegluGrad(a, b, dh) -> (da, db) = (dh b gelu'(a), dh gelu(a))   (one pass)
 // gelu is T2T's tanh approximation (common_layers.gelu), tanh is Eigen's (as TF's Tanh op).

@@ -1,6 +1,6 @@
 """Where a training step's peak memory goes (bench-8k): baseline, kept tensors, transients.
 
-    python benchmarks/step_memory_breakdown.py [--model routing] [--length 8192]
+    python research/step_memory_breakdown.py [--model routing] [--length 8192]
         [--overrides JSON] [--vocab 256] [--top 12] [--threads N] [--no_trace] [--out DIR]
 
 One process (bench-8k routing: about 5 GB and 2 minutes on 2 cores) builds the training step of
@@ -35,7 +35,7 @@ hparams on top, e.g. '{"recompute_layers": true}') and reports:
     function, op type and pass: where the step's time goes.
 
 Prints the tables and one JSON line per record; writes
-benchmarks/results/step_memory_breakdown.json. Run it alone (it measures RSS).
+research/results/step_memory_breakdown.json. Run it alone (it measures RSS).
 """
 import argparse
 import collections
@@ -46,19 +46,13 @@ import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(os.path.dirname(HERE), "benchmarks"))  # the suite's helpers
 import common  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 MIB = 2.0 ** 20
 GIB = 2.0 ** 30
-GRADIENT = re.compile(r"(^|/)gradients(_\d+)?/")
+GRADIENT, VIEWS, PERSISTENT = common.GRADIENT, common.VIEWS, common.PERSISTENT
 FORWARD_OF_GRADIENT = re.compile(r"^(?:.*/)?gradients(?:_\d+)?/(.*?)_grad/")
-# Ops whose output is (a view of) their first input, or of input value_index for IdentityN.
-VIEWS = ("Identity", "IdentityN", "Reshape", "Squeeze", "ExpandDims", "StopGradient",
-         "Snapshot", "PreventGradient")
-# Ops whose outputs live beyond a step (variables, constants, feeds): not part of its peak.
-PERSISTENT = ("VarHandleOp", "ReadVariableOp", "VariableV2", "Variable", "Const", "HostConst",
-              "Placeholder", "PlaceholderWithDefault", "_Arg", "_Recv", "_HostRecv")
 # (file name, function) of the Python stack -> part of the model; the innermost match wins.
 PARTS = {
     ("heads.py", "local_heads_attention"): "local heads",
@@ -186,58 +180,10 @@ class Labeller(object):
     return label
 
 
-# --- (b) what the backward pass reads ------------------------------------------------------------
+# --- (b) what the backward pass reads: benchmarks/common.py (the tests use it too) ----------------
 
-def needed_ops(fetches):
-  """Names of the ops the fetches depend on (data and control inputs): what a step runs."""
-  seen, stack = set(), [f.op if hasattr(f, "op") else f for f in fetches]
-  while stack:
-    op = stack.pop()
-    if op.name in seen:
-      continue
-    seen.add(op.name)
-    stack.extend(t.op for t in op.inputs)
-    stack.extend(op.control_inputs)
-  return seen
-
-
-def buffer_of(t):
-  """The tensor whose buffer t is (through VIEWS)."""
-  while t.op.type in VIEWS:
-    t = t.op.inputs[t.value_index if t.op.type == "IdentityN" else 0]
-  return t
-
-
-def tensor_bytes(t):
-  """Bytes of t from its static shape, None when the shape is not fully defined."""
-  if not t.shape.is_fully_defined() or t.dtype.base_dtype.size == 0:
-    return None
-  return t.shape.num_elements() * t.dtype.base_dtype.size
-
-
-def kept_for_backward(graph, fetches):
-  """({buffer tensor name: (bytes, op name, op type, shape)} of the forward tensors the step's
-  gradient ops read, bytes of the variables / constants they read, count of tensors read
-  without static shapes)."""
-  needed = needed_ops(fetches)
-  kept, persistent, unknown = {}, {}, set()
-  for op in graph.get_operations():
-    if op.name not in needed or not GRADIENT.search(op.name):
-      continue
-    for t in op.inputs:
-      if GRADIENT.search(t.op.name):
-        continue
-      base = buffer_of(t)
-      if GRADIENT.search(base.op.name):
-        continue
-      nbytes = tensor_bytes(base)
-      if nbytes is None:
-        unknown.add(base.name)
-      elif base.op.type in PERSISTENT:
-        persistent[base.name] = nbytes
-      else:
-        kept[base.name] = (nbytes, base.op.name, base.op.type, base.shape.as_list())
-  return kept, sum(persistent.values()), len(unknown)
+needed_ops, buffer_of, tensor_bytes = common.needed_ops, common.buffer_of, common.tensor_bytes
+kept_for_backward = common.kept_for_backward
 
 
 def group(items, labeller, top):

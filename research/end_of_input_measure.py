@@ -1,8 +1,8 @@
 """End-of-input artifact: loss by position vs N, and non-causality, for one checkpoint.
 
-    python scripts/end_of_input_measure.py RUN_DIR HPARAMS_SET HPARAMS OUT_NPZ MAX_WINDOWS
+    python research/end_of_input_measure.py RUN_DIR HPARAMS_SET HPARAMS OUT_NPZ MAX_WINDOWS
 
-(docs/probes_end_of_input.md, appendix: BOOKS and DATA are the folders of its commands.)
+(research/notes/probes_end_of_input.md, appendix: BOOKS and DATA are the folders of its commands.)
 """
 import argparse
 import glob

@@ -1,6 +1,6 @@
 """Probe scoring throughput vs the Scorer on full windows, on one randomly initialised model.
 
-    python benchmarks/probe_throughput.py [--hparams_set pg19_local_cluster_tiny2k] [--vocab 4096]
+    python research/probe_throughput.py [--hparams_set pg19_local_cluster_tiny2k] [--vocab 4096]
         [--inputs 16] [--batch_size 4] [--positions 64]
 
 Both paths restore the same checkpoint and run the model's full static length L per row:

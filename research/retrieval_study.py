@@ -1,6 +1,6 @@
 """One short training run on a one-hop retrieval layout: how fast does a model learn look-ups?
 
-    python benchmarks/retrieval_study.py --hparams_set full_transformer_tiny1k \
+    python research/retrieval_study.py --hparams_set full_transformer_tiny1k \
         --layout long_range_retrieval_1k_mixed --steps 600 --eval_every 100 \
         [--hparams initializer_gain=1.0,...] [--sequences 4] [--seed 1] [--out FILE.jsonl]
 

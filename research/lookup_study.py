@@ -1,24 +1,25 @@
-"""The look-up study of docs/routing_learning.md: a plan of `retrieval_study.py` runs, resumable.
+"""The look-up study of research/notes/routing_learning.md: a plan of `retrieval_study.py` runs,
+resumable.
 
-    python benchmarks/lookup_study.py --phase A            # what makes a look-up learnable
-    python benchmarks/lookup_study.py --phase B            # full / local / routing + switches
-    python benchmarks/lookup_study.py --phase C            # why routing misses far look-ups
-    python benchmarks/lookup_study.py --phase D            # which layout lets far look-ups learn
-    python benchmarks/lookup_study.py --phase E            # the dense control with/without local heads
-    python benchmarks/lookup_study.py --phase F            # routing heads without local heads
-    python benchmarks/lookup_study.py --phase G            # phase F's layout: seeds, clusters, self
-    python benchmarks/lookup_study.py --phase H            # full attention for 30 minutes
-    python benchmarks/lookup_study.py --phase I            # full attention's learning rate
-    python benchmarks/lookup_study.py --phase J            # full attention at 512 tokens
-    python benchmarks/lookup_study.py --phase K            # phase H at a learning rate of 0.01
-    python benchmarks/lookup_study.py --phase L            # the paper's routing layout at 0.01
-    python benchmarks/lookup_study.py --phase M            # phase K's third seed
-    python benchmarks/lookup_study.py --phase N            # the paper layout + each switch
-    python benchmarks/lookup_study.py --phase O            # phase A: positions, width, look-ups
-    python benchmarks/lookup_study.py --report             # table + curves from the results
+    python research/lookup_study.py --phase A            # what makes a look-up learnable
+    python research/lookup_study.py --phase B            # full / local / routing + switches
+    python research/lookup_study.py --phase C            # why routing misses far look-ups
+    python research/lookup_study.py --phase D            # which layout lets far look-ups learn
+    python research/lookup_study.py --phase E            # the dense control, with/without local
+    python research/lookup_study.py --phase F            # routing heads without local heads
+    python research/lookup_study.py --phase G            # phase F's layout: seeds, clusters, self
+    python research/lookup_study.py --phase H            # full attention for 30 minutes
+    python research/lookup_study.py --phase I            # full attention's learning rate
+    python research/lookup_study.py --phase J            # full attention at 512 tokens
+    python research/lookup_study.py --phase K            # phase H at a learning rate of 0.01
+    python research/lookup_study.py --phase L            # the paper's routing layout at 0.01
+    python research/lookup_study.py --phase M            # phase K's third seed
+    python research/lookup_study.py --phase N            # the paper layout + each switch
+    python research/lookup_study.py --phase O            # phase A: positions, width, look-ups
+    python research/lookup_study.py --report             # table + curves from the results
 
-Each run is its own process (`benchmarks/retrieval_study.py`), appending one JSON line per
-evaluation to `benchmarks/results/lookup_study.jsonl`; a run whose last step is already there is
+Each run is its own process (`research/retrieval_study.py`), appending one JSON line per
+evaluation to `research/results/lookup_study.jsonl`; a run whose last step is already there is
 skipped, so a study cut short (a session's end) continues where it stopped. `--only LABEL,...`
 runs a subset; `--dry_run` lists what would run.
 """
@@ -31,7 +32,7 @@ import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-RESULTS = os.path.join(ROOT, "benchmarks", "results", "lookup_study.jsonl")
+RESULTS = os.path.join(ROOT, "research", "results", "lookup_study.jsonl")
 
 Run = collections.namedtuple("Run", "label model hparams_set hparams layout steps eval_every "
                                     "sequences seed control", defaults=("",))
@@ -42,7 +43,7 @@ PRE_NORM = "layer_preprocess_sequence=n,layer_postprocess_sequence=da"
 # rsqrt decay. The sets now hold 0.01 after the warm-up (phases I-L), so these phases name it.
 DECAYING_LR = ("learning_rate_schedule=constant*linear_warmup*rsqrt_normalized_decay,"
                "learning_rate_constant=0.05")
-# The recipe phase A found (docs/routing_learning.md), with phases B-J's schedule.
+# The recipe phase A found (research/notes/routing_learning.md), with phases B-J's schedule.
 RECIPE = "initializer_gain=1.0," + DECAYING_LR
 
 
@@ -365,7 +366,7 @@ def finished(records, run):
 
 
 def run_one(run, out):
-  cmd = [sys.executable, os.path.join(ROOT, "benchmarks", "retrieval_study.py"),
+  cmd = [sys.executable, os.path.join(ROOT, "research", "retrieval_study.py"),
          "--model", run.model, "--hparams_set", run.hparams_set,
          "--hparams", overrides(run.hparams),
          "--layout", run.layout, "--steps", str(run.steps), "--eval_every", str(run.eval_every),

@@ -1,19 +1,8 @@
-"""benchmarks/retrieval_study.py's look-up diagnostics against hand-built routing geometry."""
-import importlib.util
-import os
-
+"""research/retrieval_study.py's look-up diagnostics against hand-built routing geometry, and
+research/lookup_study.py's phases."""
 import numpy as np
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def benchmark(name):
-  """benchmarks/<name>.py as a module."""
-  spec = importlib.util.spec_from_file_location(
-      name, os.path.join(ROOT, "benchmarks", name + ".py"))
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
+from conftest import research_module as benchmark
 
 
 def study():

@@ -1,6 +1,6 @@
 """The dense layers' matmuls in each operand layout: which one TF runs at its plain rate.
 
-    python benchmarks/matmul_layouts.py [--repeats 15] [--shapes 8192x512x512,...]
+    python research/matmul_layouts.py [--repeats 15] [--shapes 8192x512x512,...]
         [--dtype bfloat16]
 
 For every shape m x k x n (a [m, k] times a [k, n] operand; the defaults are the bench-8k and
@@ -12,13 +12,14 @@ input of y = x W (dx = dy W^T, whose shapes are these with k the layer's units a
 inputs); `layers.matmul_nt`, the same product as a batch matmul of one with b adjoint, what
 `layers.apply_kernel`'s gradient runs; and MatMul(transpose_a=True), the kernel's gradient
 (x^T dy). Prints one JSON line per shape and a table of GFLOP/s and ratios to the plain rate;
-writes benchmarks/results/matmul_layouts.json (`matmul_layouts_bfloat16.json`).
+writes research/results/matmul_layouts.json (`matmul_layouts_bfloat16.json`).
 """
 import argparse
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                "benchmarks"))  # the suite's helpers
 import common  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 # m x k x n: bench-8k (hidden 512, filter 2048), pg19_local_cluster8k (hidden 1024, filter 4096).
@@ -66,7 +67,7 @@ def main(argv=None):
   parser.add_argument("--shapes", default=",".join(SHAPES))
   parser.add_argument("--repeats", type=int, default=15)
   parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
-  parser.add_argument("--out", default=os.path.join(common.ROOT, "benchmarks", "results"))
+  parser.add_argument("--out", default=os.path.join(common.ROOT, "research", "results"))
   args = parser.parse_args(argv)
   common.ensure_bench_env()
   info = common.start("matmul_layouts", repeats=args.repeats, dtype=args.dtype)

@@ -1,8 +1,8 @@
 """GEGLU's element-wise chains as fused CPU kernels: what fusing them buys the bench-8k step.
 
-    python benchmarks/fused_geglu.py [--rounds 10] [--length 8192] [--out DIR]
+    python research/fused_geglu.py [--rounds 10] [--length 8192] [--out DIR]
 
-Compiles benchmarks/kernels/geglu.cc (g++ with TensorFlow's headers and flags from tf.sysconfig,
+Compiles research/kernels/geglu.cc (g++ with TensorFlow's headers and flags from tf.sysconfig,
 -O3 -march=native: built on and for this machine, into build/kernels/) and loads its two ops,
 RoutingGeglu (h = gelu(a) * b in one pass) and RoutingGegluGrad ((da, db) in one pass), the
 second registered as the first's gradient. Then, in one process:
@@ -16,7 +16,7 @@ second registered as the first's gradient. Then, in one process:
     registered gradient, its backward chunks), timed side by side (`common.interleaved_times`,
     --rounds rounds after one untimed).
 An experiment, not a switch of the model (docs/performance.md says what it measured). Prints
-JSON lines and a summary; writes benchmarks/results/fused_geglu.json. Run it alone.
+JSON lines and a summary; writes research/results/fused_geglu.json. Run it alone.
 """
 import argparse
 import os
@@ -24,10 +24,11 @@ import shutil
 import subprocess
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                "benchmarks"))  # the suite's helpers
 import common  # pylint: disable=g-import-not-at-top,wrong-import-position
 
-SOURCE = os.path.join(common.ROOT, "benchmarks", "kernels", "geglu.cc")
+SOURCE = os.path.join(common.ROOT, "research", "kernels", "geglu.cc")
 TOLERANCE = 1e-5
 _LOADED = {}  # one library per process: TF refuses to register an op twice
 
@@ -125,7 +126,7 @@ def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   parser.add_argument("--rounds", type=int, default=10)
   parser.add_argument("--length", type=int, default=8192)
-  parser.add_argument("--out", default=os.path.join(common.ROOT, "benchmarks", "results"))
+  parser.add_argument("--out", default=os.path.join(common.ROOT, "research", "results"))
   args = parser.parse_args(argv)
   common.ensure_bench_env()
   info = common.start("fused_geglu", config="bench-8k", length=args.length, rounds=args.rounds)

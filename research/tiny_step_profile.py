@@ -1,22 +1,22 @@
 """Per-op profile of the demo's training step: `pg19_local_cluster_tiny2k` vs `pg19_local_tiny2k`.
 
-    python benchmarks/tiny_step_profile.py [--steps 20] [--sets SET,SET] [--xla]
+    python research/tiny_step_profile.py [--steps 20] [--sets SET,SET] [--xla]
 
 Builds each set's whole T2T training step (model, loss, Adafactor through T2T's optimizer code;
 one 2,048-subword sequence, vocabulary 4,066 as the demo's) in its own graph, times `--steps`
 steps after 5 warm-up steps (median), then traces one step (TF timeline) and sums the op time by
 op type and by scope (forward / backward / optimizer). Prints one JSON line per set and the
-routing / local ratio; writes benchmarks/results/tiny_step_profile.json. `--xla` turns on XLA
+routing / local ratio; writes research/results/tiny_step_profile.json. `--xla` turns on XLA
 auto-clustering of the session (global_jit_level ON_1, with TF_XLA_FLAGS=--tf_xla_cpu_global_jit,
 without which the CPU clusters nothing) for both sets.
 """
 import argparse
-import collections
 import json
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                "benchmarks"))  # the suite's helpers
 import common  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 VOCAB, LENGTH = 4066, 2048
@@ -59,28 +59,7 @@ def build(hparams_set, xla):
   return run, traced
 
 
-def op_times(step_stats, top=12):
-  """{"by_op": [(op type, ms)], "by_part": {forward/backward/optimizer: ms}, "mb_by_op": [(op
-  type, MB of outputs allocated)], "total_ms", "total_mb"} summed over the compute threads of
-  one traced step (time sums exceed wall time when ops run in parallel); `top=None`: every op
-  type."""
-  by_op, by_part, mb_by_op = collections.Counter(), collections.Counter(), collections.Counter()
-  for device in step_stats.dev_stats:
-    for node in device.node_stats:
-      ms = (node.all_end_rel_micros or node.op_end_rel_micros) / 1000.0
-      name = node.node_name
-      op = node.timeline_label.split("(")[0].split("= ")[-1].strip() if node.timeline_label \
-          else name
-      by_op[op] += ms
-      part = ("backward" if "gradients" in name else
-              "optimizer" if name.startswith("training/") else "forward")
-      by_part[part] += ms
-      mb_by_op[op] += sum(o.tensor_description.allocation_description.requested_bytes
-                          for o in node.output) / 2.0 ** 20
-  return {"by_op": [(k, round(v, 2)) for k, v in by_op.most_common(top)],
-          "by_part": {k: round(v, 2) for k, v in by_part.items()},
-          "mb_by_op": [(k, round(v, 1)) for k, v in mb_by_op.most_common(top)],
-          "total_ms": round(sum(by_op.values()), 2), "total_mb": round(sum(mb_by_op.values()), 1)}
+op_times = common.op_times  # benchmarks/common.py (bench-peers traces with it too)
 
 
 def main(argv=None):
@@ -88,7 +67,7 @@ def main(argv=None):
   parser.add_argument("--steps", type=int, default=20)
   parser.add_argument("--sets", default="pg19_local_cluster_tiny2k,pg19_local_tiny2k")
   parser.add_argument("--xla", action="store_true")
-  parser.add_argument("--out", default=os.path.join(common.ROOT, "benchmarks", "results"))
+  parser.add_argument("--out", default=os.path.join(common.ROOT, "research", "results"))
   args = parser.parse_args(argv)
   if args.xla:
     common.enable_cpu_xla_autoclustering()

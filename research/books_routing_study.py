@@ -1,8 +1,9 @@
-"""Back to the books (docs/routing_learning.md): the demo's routing model with the switches of the
+"""Back to the books (research/notes/routing_learning.md): the demo's routing model with the
+switches of the
 look-up study, against the demo's routing and local runs, on the same data and steps.
 
-    python benchmarks/books_routing_study.py [--demo_output demo_output] [--steps 700]
-        [--models switches,routing_only] [--inputs 96] [--output benchmarks/results/books_routing]
+    python research/books_routing_study.py [--demo_output demo_output] [--steps 700]
+        [--models switches,routing_only] [--inputs 96] [--output research/results/books_routing]
 
 Needs a finished `make demo` (its books, records and its `routing` and `local` runs, trained for
 --steps). Trains, with `make demo`'s recipe (t2t-trainer, the same steps, evaluations and data):
@@ -25,9 +26,14 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "scripts"))
 import demo  # pylint: disable=g-import-not-at-top,wrong-import-position
-from t2t_runs import eval_metrics, log, quiet_tensorflow, train, train_speed  # pylint: disable=g-import-not-at-top,wrong-import-position
+import t2t_runs  # pylint: disable=g-import-not-at-top,wrong-import-position
+from t2t_runs import eval_metrics, log, python_module, quiet_tensorflow, train, train_speed  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 quiet_tensorflow()
+# The study's sets are registered by research's user directory (it imports the project's first):
+# every t2t-* run of t2t_runs and every evaluation takes it as --t2t_usr_dir.
+USR_DIR = os.path.join(ROOT, "research", "usr_dir")
+t2t_runs.USR_DIR = USR_DIR
 PROBLEM = demo.PROBLEM
 DEMO = dict(demo.MODELS)  # the runs of `make demo`
 MODELS = {"switches": "pg19_routing_switches_tiny2k", "routing_only": "pg19_routing_only_tiny2k"}
@@ -48,7 +54,10 @@ def test_report(run_dir, hparams_set, data_dir):
   """`make demo`'s test-book evaluation (scripts/demo.py `evaluate_test`), read back when done."""
   out = run_dir + ".test.json"
   if not os.path.exists(out):
-    return demo.evaluate_test(run_dir, hparams_set, data_dir)
+    python_module("routing_transformer.tools.evaluate", [
+        "--problem=" + PROBLEM, "--data_dir=" + data_dir, "--hparams_set=" + hparams_set,
+        "--checkpoint=" + run_dir, "--split=test", "--batch_size=4", "--output_json=" + out,
+        "--t2t_usr_dir=" + USR_DIR], run_dir + ".evaluate.log")
   with open(out) as f:
     return json.load(f)
 
@@ -108,7 +117,7 @@ def main():
   parser.add_argument("--eval_steps", type=int, default=30, help="as `make demo`")
   parser.add_argument("--models", default=",".join(MODELS), help="of: " + ", ".join(MODELS))
   parser.add_argument("--inputs", type=int, default=96, help="probe inputs per prefix length")
-  parser.add_argument("--output", default=os.path.join(ROOT, "benchmarks", "results",
+  parser.add_argument("--output", default=os.path.join(ROOT, "research", "results",
                                                        "books_routing"))
   args = parser.parse_args()
   names = [m for m in args.models.split(",") if m]
@@ -117,7 +126,7 @@ def main():
     sys.exit("books_routing_study: unknown --models %s; choose from %s" % (
         ",".join(unknown), ", ".join(MODELS)))
   from routing_transformer.t2t import usr_dirs  # pylint: disable=g-import-not-at-top
-  usr_dirs.register_project()
+  usr_dirs.import_usr_dirs(USR_DIR)
   started = time.time()
   os.environ["PG19_READING"] = "lines"  # as `make demo`
   data_dir = os.path.join(args.demo_output, "data")

@@ -1,8 +1,8 @@
 """What makes routing heads learn: equal-step runs of routing variants against local attention.
 
-    python benchmarks/long_range_quality.py --task long_range [--problems synthetic_long_range,...]
+    python research/long_range_quality.py --task long_range [--problems synthetic_long_range,...]
         [--configs local,paper,exclude_self,...] [--seeds 1,2,3] [--steps 2500] [--eval_every 500]
-    python benchmarks/long_range_quality.py --task books --books_data DIR [...]
+    python research/long_range_quality.py --task books --books_data DIR [...]
 
 Every run is stock t2t-trainer on the same data for the same steps, evaluated every `eval_every`
 steps; the routing variants differ from `paper` only in the hparams of CONFIGS (each an
@@ -21,7 +21,8 @@ import json
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                "benchmarks"))  # the suite's helpers
 import common  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 sys.path.insert(0, os.path.join(common.ROOT, "scripts"))
@@ -201,7 +202,7 @@ def main(argv=None):
   parser.add_argument("--eval_steps", type=int, default=None)
   parser.add_argument("--books_data", default=os.path.join(common.ROOT, "demo_output", "data"),
                       help="data_dir of pg19_length2k (make demo writes it)")
-  parser.add_argument("--output", default=os.path.join(common.ROOT, "benchmarks", "results",
+  parser.add_argument("--output", default=os.path.join(common.ROOT, "research", "results",
                                                        "quality"))
   args = parser.parse_args(argv)
   spec = TASKS[args.task]
