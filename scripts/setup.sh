@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One unattended setup for a fresh machine: creates .venv and installs the pinned stack.
-# Idempotent: when .venv already matches requirements.txt/constraints.txt/this script, it exits in seconds.
+# Idempotent: when .venv already matches requirements*.txt/constraints*.txt/pyproject.toml/this script,
+# it exits in seconds.
 #   bash scripts/setup.sh [--which-python]   (VENV=dir to use another venv, PYTHON=interpreter)
 # --which-python only prints the interpreter a new venv would be made with (or why there is none).
 set -euo pipefail
@@ -51,7 +52,7 @@ if [ -e "$VENV/pyvenv.cfg" ] || [ -e "$VENV/bin/python" ]; then
     rm -rf "$VENV"
   fi
 fi
-want=$(cat requirements.txt constraints.txt pyproject.toml scripts/setup.sh | sha256sum | cut -d' ' -f1)
+want=$(cat requirements.txt requirements-dev.txt constraints.txt constraints-build.txt pyproject.toml scripts/setup.sh | sha256sum | cut -d' ' -f1)
 
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && "$VENV/bin/python" -c "import routing_transformer, tensor2tensor, gym, mesh_tensorflow, xdist" 2>/dev/null; then
   echo "setup: $VENV is up to date"
@@ -69,22 +70,20 @@ else
   echo "setup: installing the pinned stack into $VENV"
 fi
 PIP=("$VENV/bin/python" -m pip --disable-pip-version-check --no-input)
-# gym 0.21.0 is an sdist whose setup.py newer setuptools rejects: build it with the old toolchain.
-"${PIP[@]}" install -q setuptools==65.5.0 wheel==0.38.4
-"${PIP[@]}" install -q --no-build-isolation gym==0.21.0 -c constraints.txt
-"${PIP[@]}" install -q -r requirements.txt -c constraints.txt
-# tensor2tensor's own metadata pins a tensorflow-probability that cannot import on TF 2.15.
-"${PIP[@]}" install -q --no-deps tensor2tensor==1.15.7 -c constraints.txt
-# tensor2tensor's console scripts other than t2t-trainer call tf.logging / tf.app (gone in TF2):
-# let them import tensorflow.compat.v1, as its t2t-trainer script already does.
-for script in "$VENV"/bin/t2t-*; do
-  [ -e "$script" ] || continue
-  sed -i 's/^import tensorflow as tf$/import tensorflow.compat.v1 as tf/' "$script"
-done
-# The project itself, editable (pyproject.toml): `import routing_transformer` and the rt-* commands
-# work from any folder. Its dependencies are the stack above (--no-deps); setuptools 65.5.0 of the
-# venv builds it (--no-build-isolation: nothing is fetched).
-"${PIP[@]}" install -q --no-deps --no-build-isolation -e .
+# pip 24.1+ refuses gym 0.21.0 (its metadata holds `opencv-python>=3.`): keep the venv's pip older.
+"${PIP[@]}" install -q "pip<24.1"
+# The [t2t] profile's documented install (docs/install.md, requirements.txt's header), with the
+# test tools and the project editable:
+# - the whole pinned set with --no-deps: tensor2tensor 1.15.7's metadata pins a
+#   tensorflow-probability that cannot import on TF 2.15;
+# - gym 0.21.0 (an sdist) and this project built with constraints-build.txt's setuptools 65.5.0
+#   and wheel 0.38.4 (pip reads PIP_CONSTRAINT in its isolated build environments too);
+# - this project installed after tensor2tensor, so its t2t-* console scripts replace T2T's own,
+#   nine of which call tf.logging / tf.app, gone in TF2 (routing_transformer/t2t/binaries.py).
+PIP_CONSTRAINT="$PWD/constraints-build.txt" \
+  "${PIP[@]}" install -q --no-deps -r requirements-dev.txt -c constraints.txt -e .
 venv_python="$(cd "$VENV" && pwd)/bin/python"
 (cd / && "$venv_python" -c "import routing_transformer, t2t_usr_dir, tensorflow as tf, tensor2tensor, gym, mesh_tensorflow, xdist; print('setup: tensorflow', tf.__version__, 'ready')")
+# Every t2t-* command is this project's (binaries.script_owner), not a T2T script installed later.
+(cd / && "$venv_python" -c "import sys; from routing_transformer.t2t import binaries as b; theirs = [c for c in b.BINARIES if b.script_owner(c) != 'routing-transformer-tf']; theirs and sys.exit('setup: T2T scripts without the TF2 fix (reinstall the project): %s' % ' '.join(theirs))")
 echo "$want" > "$stamp"

@@ -9,6 +9,7 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SETUP = os.path.join(ROOT, "scripts", "setup.sh")
+BUILD_CONSTRAINTS = os.path.join(ROOT, "constraints-build.txt")
 TOOLS = ("dirname", "cat", "sha256sum", "cut", "rm", "sed", "mkdir", "cp", "sh")
 
 FAKE = """#!/bin/sh
@@ -18,7 +19,7 @@ case "$1" in
   -m) if [ "$2" = venv ]; then
         mkdir -p "$3/bin" && cp "$0" "$3/bin/python" && echo "version = {version}" > "$3/pyvenv.cfg"
       else
-        echo "$0 $*" >> "{log}"
+        echo "${{PIP_CONSTRAINT:+PIP_CONSTRAINT=$PIP_CONSTRAINT }}$0 $*" >> "{log}"
       fi ;;
 esac
 """
@@ -119,8 +120,14 @@ def test_a_venv_of_the_wrong_python_is_rebuilt_then_left_alone(machine):
   with open(log) as f:
     calls = f.read().splitlines()
   # every install went through the new venv's interpreter, the pinned requirements among them
-  assert calls and all(c.startswith(os.path.join(venv, "bin", "python") + " ") for c in calls)
-  assert any("-r requirements.txt -c constraints.txt" in c for c in calls)
+  python = os.path.join(venv, "bin", "python")
+  assert calls and all(c.split("PIP_CONSTRAINT=%s " % BUILD_CONSTRAINTS)[-1].startswith(python + " ")
+                       for c in calls)
+  # the documented [t2t] install (docs/install.md) with the test tools and the project editable,
+  # after making sure of a pip that still installs gym 0.21.0
+  pip = python + " -m pip --disable-pip-version-check --no-input install -q "
+  assert calls[:2] == [pip + "pip<24.1", "PIP_CONSTRAINT=%s %s--no-deps -r requirements-dev.txt "
+                       "-c constraints.txt -e ." % (BUILD_CONSTRAINTS, pip)], calls
   again = run(VENV=venv)
   assert again.returncode == 0 and again.stdout == "setup: %s is up to date\n" % venv
 
