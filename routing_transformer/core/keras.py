@@ -202,7 +202,8 @@ class RoutingSelfAttention(keras.layers.Layer):
     if self.routing_heads:
       shape = [self.routing_heads, self.num_clusters, self.depth]
       # one draw for both: ema_means starts equal to the means, as in OnlineKMeans
-      init = kmeans.initial_means(*shape).numpy()
+      with tf.init_scope():  # eager also when the layer is built inside fit's tf.function
+        init = kmeans.initial_means(*shape).numpy()
       initial = lambda shape, dtype=None: tf.constant(init, tf.float32)
       self.means = add_weight(self, "means", shape, initial, trainable=False, float32=True)
       self.ema_count = add_weight(self, "ema_count", shape[:2], "zeros", trainable=False,
@@ -257,6 +258,7 @@ class RoutingSelfAttention(keras.layers.Layer):
     kmeans.assign_ema_update(self.means, self.ema_count, self.ema_means, counts, sums,
                              self.decay, self.epsilon)
 
+  @tf.autograph.experimental.do_not_convert  # plain Python over static shapes: trace it as is
   def call(self, x, padding=None, mask=None, training=None):
     training = bool(training)
     if mask is not None:
@@ -336,6 +338,7 @@ class RoutingTransformerBlock(keras.layers.Layer):
   def compute_mask(self, inputs, mask=None):  # pylint: disable=unused-argument
     return mask
 
+  @tf.autograph.experimental.do_not_convert  # plain Python over static shapes: trace it as is
   def call(self, x, padding=None, mask=None, training=None):
     rate = self.dropout if training else 0.0
     y = self.attention(x, padding=padding, mask=mask, training=training)
@@ -412,6 +415,7 @@ class RoutingTransformerLM(keras.Model):
     """The RoutingSelfAttention layers, bottom to top."""
     return [block.attention for block in self.blocks]
 
+  @tf.autograph.experimental.do_not_convert
   def call(self, ids, training=None):
     ids = tf.cast(ids, tf.int32)
     if ids.shape[1] != self.length:
