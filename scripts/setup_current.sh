@@ -73,5 +73,5 @@ PIP=("$VENV/bin/python" -m pip --disable-pip-version-check --no-input)
 # Python only.
 "${PIP[@]}" install -q --no-deps --no-build-isolation --ignore-requires-python -e .
 venv_python="$(cd "$VENV" && pwd)/bin/python"
-(cd / && "$venv_python" -c "import tensorflow as tf, keras, routing_transformer.core.keras; print('setup_current: tensorflow', tf.__version__, 'keras', keras.__version__, 'ready')")
+(cd / && TF_CPP_MIN_LOG_LEVEL=3 "$venv_python" -c "import tensorflow as tf, keras, routing_transformer.core.keras; print('setup_current: tensorflow', tf.__version__, 'keras', keras.__version__, 'ready')")
 echo "$want" > "$stamp"
