@@ -361,3 +361,27 @@ def test_mirrored_fit_step_updates_centroids_with_the_global_batch():
   # per head (2): 4 examples x 64 positions less 24 padded, times 1 - decay (one replica: 2 x 64)
   np.testing.assert_allclose(np.sum(mirrored["ema_count"], axis=-1), [(4 * 64 - 24) * 1e-3] * 2,
                              rtol=1e-5)
+
+
+def test_layers_round_trip_through_a_keras_file(rng, tmp_path):
+  """A functional model of the layers (masking on, learned logit scale, causal_window block)
+  saved as .keras loads back with the same configs, centroids and outputs."""
+  ids = rng.integers(1, 16, size=(2, LENGTH)).astype(np.int32)
+  ids[1, 50:] = 0
+  inputs = keras.Input((LENGTH,), dtype="int32")
+  x = keras.layers.Embedding(16, HIDDEN, mask_zero=True)(inputs)
+  x = small_layer(logit_scale="learned", exclude_self=True, name="routing")(x)
+  x = rt_keras.RoutingTransformerBlock(HIDDEN, filter_size=64, num_clusters=4, window=16,
+                                       block_length=16, flange=16, routing_mode="causal_window",
+                                       max_relative_position=17, name="block")(x)
+  model = keras.Model(inputs, x)
+  model(ids, training=True)  # one EMA step: the saved centroids are not the initial ones
+  want = model(ids).numpy()
+  path = str(tmp_path / "layers.keras")
+  model.save(path)
+  loaded = keras.models.load_model(path)
+  for name in ("routing", "block"):
+    assert loaded.get_layer(name).get_config() == model.get_layer(name).get_config()
+  np.testing.assert_array_equal(loaded.get_layer("block").attention.means.numpy(),
+                                model.get_layer("block").attention.means.numpy())
+  np.testing.assert_allclose(loaded(ids).numpy(), want, rtol=1e-5, atol=1e-6)
