@@ -20,8 +20,7 @@ test: setup
 # references, cached steps against whole sequences, float64 gradients) and the Keras tests.
 .PHONY: test-current
 CURRENT_TESTS := tests/test_keras.py tests/test_attention_properties.py \
-	tests/test_attention_dropout.py tests/test_attention_dense_reference.py \
-	tests/test_cached_attention.py tests/test_kmeans.py tests/test_dead_clusters.py \
+	tests/test_attention_dense_reference.py tests/test_cached_attention.py tests/test_kmeans.py \
 	tests/test_relative_positions.py tests/test_sampling.py \
 	tests/test_docs.py::test_runnable_snippets_run
 test-current:
