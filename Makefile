@@ -19,6 +19,18 @@ test: setup
 test-research: setup
 	$(PY) -m pytest -q research/tests $(PYTEST_ARGS)
 
+# The model core and its Keras layers on current TensorFlow and Keras 3, without Tensor2Tensor:
+# .venv-current (Python 3.12, scripts/setup_current.sh) runs the core's exactness tests (dense
+# references, cached steps against whole sequences, float64 gradients) and the Keras tests.
+.PHONY: test-current
+CURRENT_TESTS := tests/test_keras.py tests/test_attention_properties.py \
+	tests/test_attention_dense_reference.py tests/test_cached_attention.py tests/test_kmeans.py \
+	tests/test_relative_positions.py tests/test_sampling.py \
+	tests/test_docs.py::test_runnable_snippets_run
+test-current:
+	@bash scripts/setup_current.sh
+	.venv-current/bin/python -m pytest -q $(CURRENT_TESTS) -n $(PYTEST_WORKERS) --dist loadscope $(PYTEST_ARGS)
+
 # Real books (Project Gutenberg's Shakespeare as a miniature PG-19): routing vs local. Target
 # <= 20 min; it takes 18 min 25 s on 2 AVX2 cores with .venv set up (the probes included).
 demo: setup

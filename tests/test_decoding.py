@@ -1,4 +1,4 @@
-"""Cached incremental decoding: one-position attention, cached == full forward, prompts, EOS,
+"""Cached incremental decoding of the T2T model: cached == full forward, prompts, EOS,
 sampling settings and beam search (the model built directly; t2t-decoder runs live in
 test_t2t_binaries.py)."""
 import numpy as np
@@ -11,83 +11,14 @@ from routing_transformer.core import layers
 from routing_transformer.t2t import model as model_lib
 from routing_transformer.core.attention import common
 from routing_transformer.core.attention import incremental
-from routing_transformer.core.attention import local
 from routing_transformer.core.attention import routing
 from tensor2tensor.data_generators import problem_hparams
 import oracles
+from test_cached_attention import qkv, tables
 from test_model import VOCAB, small_hparams
 
 tf1 = tf.compat.v1
 EVAL = tf.estimator.ModeKeys.EVAL
-
-
-def qkv(rng, b=2, h=2, n=32, d=8):
-  return [tf.constant(rng.standard_normal((b, h, n, d)), tf.float32) for _ in range(3)]
-
-
-def tables(rng, d=8, radius=4):
-  return [tf.constant(rng.standard_normal((2 * radius + 1, d)), tf.float32) for _ in range(2)]
-
-
-@pytest.mark.parametrize("causal", [True, False])
-def test_local_step_equals_local_attention_at_every_position(rng, causal):
-  q, k, v = qkv(rng)
-  rel_k, rel_v = tables(rng)
-  padding = None if causal else tf.constant(np.arange(32)[None, :] >= [[32], [27]])
-  full = local.local_attention(q, k, v, 8, 16, causal=causal, relative_keys=rel_k,
-                               relative_values=rel_v, padding=padding)
-  steps = [incremental.local_attention_step(q[:, :, t:t + 1], k, v, tf.constant(t), 8, 16,
-                                            causal=causal, relative_keys=rel_k,
-                                            relative_values=rel_v, padding=padding)
-           for t in range(32)]
-  np.testing.assert_allclose(tf.concat(steps, 2).numpy(), full.numpy(), atol=1e-5)
-
-
-@pytest.mark.parametrize("share_qk,extensions", [
-    (True, {}), (False, {}), (True, dict(exclude_self=True, logit_scale=[0.3, 2.0]))])
-def test_routing_step_equals_the_prefix_rule_at_every_position(rng, share_qk, extensions):
-  q, k, v = qkv(rng)
-  rel_k, rel_v = tables(rng)
-  mu = tf.constant(rng.standard_normal((2, 4, 8)), tf.float32)
-  reference = oracles.prefix_routing_attention(q, k, v, mu, 8, share_qk=share_qk,
-                                               relative_keys=rel_k, relative_values=rel_v,
-                                               **extensions)
-  q_hat = common.layer_norm_no_scale(q)
-  k_hat = q_hat if share_qk else common.layer_norm_no_scale(k)
-  scores = routing.centroid_scores(q_hat, mu)
-  # Cache slots after t hold garbage on purpose: the step must ignore them.
-  steps = []
-  for t in range(32):
-    future = tf.range(32)[tf.newaxis, tf.newaxis, :, tf.newaxis] > t
-    noisy_k = tf.where(future, 100.0, k_hat)
-    noisy_scores = tf.where(tf.range(32) > t, 1e3, scores)
-    steps.append(incremental.routing_attention_step(q_hat[:, :, t:t + 1], noisy_k, v,
-                                                    noisy_scores, tf.constant(t), 8, rel_k, rel_v,
-                                                    **extensions))
-  np.testing.assert_allclose(tf.concat(steps, 2).numpy(), reference.numpy(), atol=1e-5)
-
-
-def test_prefix_rule_at_the_last_position_is_paper_routing(rng):
-  q, k, v = qkv(rng)
-  mu = tf.constant(rng.standard_normal((2, 4, 8)), tf.float32)
-  prefix = oracles.prefix_routing_attention(q, k, v, mu, 8)
-  full, _ = routing.routing_attention(q, k, v, mu, 8)
-  np.testing.assert_allclose(prefix[:, :, -1].numpy(), full[:, :, -1].numpy(), atol=1e-6)
-
-
-@pytest.mark.parametrize("axis", [2, 3])
-def test_write_cache_replaces_exactly_one_slice(rng, axis):
-  cache = rng.standard_normal((2, 3, 5, 6)).astype(np.float32)
-  shape = list(cache.shape)
-  shape[axis] = 1
-  value = rng.standard_normal(shape).astype(np.float32)
-  out = incremental.write_cache(tf.constant(cache), tf.constant(value), tf.constant(2),
-                                axis=axis).numpy()
-  expected = cache.copy()
-  index = [slice(None)] * 4
-  index[axis] = slice(2, 3)
-  expected[tuple(index)] = value
-  np.testing.assert_array_equal(out, expected)
 
 
 def prefix_rule_patch(monkeypatch):

@@ -1,28 +1,94 @@
-"""Keras (TF2, eager) API: `RoutingSelfAttention` and a small `RoutingTransformerLM`.
+"""Keras layers (TensorFlow backend): `RoutingSelfAttention`, `RoutingTransformerBlock` and a small
+`RoutingTransformerLM`.
 
-The layer owns its weights (`add_weight`) and calls the same functions as the T2T model (the head
-dispatch `heads.mixed_heads` and the centroid update `kmeans.assign_ema_update`), so both paths
-compute the same thing with the same weights
-(`tests/test_keras.py` checks it against `layers.self_attention`). Importing this module does not
-import Tensor2Tensor.
+One code path for Keras 3 (TensorFlow >= 2.16, `KERAS_BACKEND=tensorflow`) and for Keras 2.15
+(`tf.keras` of TensorFlow 2.15.1, the T2T stack). The layers compute with the same functions as the
+T2T model: the head dispatch `heads.mixed_heads`, the k-means statistics and centroid update
+(`kmeans.combined_statistics`, `kmeans.assign_ema_update`) and the GEGLU activation
+`layers.geglu_hidden`; with the same weights the attention layer gives what `layers.self_attention`
+gives (`tests/test_keras.py`). Importing this module does not import Tensor2Tensor.
 
     from routing_transformer.core import keras as rt_keras
     layer = rt_keras.RoutingSelfAttention(hidden_size=128, local_heads=2, routing_heads=2,
                                           num_clusters=8, window=64, block_length=64, flange=64)
-    y = layer(x, training=True)   # x [b, n, 128]; the centroid EMA steps once; layer.losses holds
-                                  # the k-means loss (kmeans.clustering_loss)
+    y = layer(x, training=True)   # x [b, n, 128]; the centroids take one EMA step; layer.losses
+                                  # holds the k-means loss (kmeans.clustering_loss)
 
 Shapes: x [b, n, hidden]; heads [b, h, n, d] with d = hidden / (local_heads + routing_heads).
+
+Centroids (`means`, `ema_count`, `ema_means`) are float32 non-trainable weights, never autocast
+under a mixed precision policy (routing scores, softmaxes and k-means statistics are computed in
+float32 for float16 / bfloat16 activations, `norm.compute_dtype`). In training they take one EMA
+step per call from the statistics of the whole global batch: under a `tf.distribute` strategy the
+replicas' counts and sums are summed (`all_reduce`) before the step, so every replica assigns the
+same value (aggregation ONLY_FIRST_REPLICA).
 """
 import math
+import os
 
 import tensorflow as tf
 
 from routing_transformer.core import heads
 from routing_transformer.core import kmeans
+from routing_transformer.core import layers
 
 ROUTING_MODES = ("topk", "causal_window")
 LOGIT_SCALES = ("none", "rsqrt_depth", "learned")  # as the hparam routing_logit_scale
+
+
+def _backend_message(backend):
+  return ("routing_transformer.core.keras needs Keras's TensorFlow backend, but Keras runs on %r: "
+          "set KERAS_BACKEND=tensorflow before keras is imported." % (backend,))
+
+
+class BackendError(RuntimeError):
+  """Keras does not run on the TensorFlow backend (one line naming the fix)."""
+
+
+try:
+  import keras  # pylint: disable=g-import-not-at-top
+except ImportError as e:  # Keras 3 with KERAS_BACKEND=jax/torch and that framework missing
+  requested = os.environ.get("KERAS_BACKEND", "tensorflow")
+  if requested != "tensorflow":
+    raise BackendError(_backend_message(requested)) from None
+  raise
+
+KERAS3 = int(keras.__version__.split(".")[0]) >= 3
+
+
+def require_tensorflow_backend():
+  """Raises BackendError unless Keras computes with TensorFlow (Keras 2 always does)."""
+  backend = keras.backend.backend()
+  if backend != "tensorflow":
+    raise BackendError(_backend_message(backend))
+
+
+require_tensorflow_backend()
+register = keras.utils.register_keras_serializable(package="routing_transformer")
+
+
+def add_weight(layer, name, shape, initializer, trainable=True, float32=False):
+  """layer.add_weight for Keras 2 and 3; `float32`: a float32 weight never autocast (centroids,
+  EMA statistics, the learned routing logit scale) whose replicas all hold the first replica's
+  value (the update is computed from all-reduced statistics, identical on every replica)."""
+  kwargs = dict(name=name, shape=shape, initializer=initializer, trainable=trainable)
+  if float32:
+    kwargs["dtype"] = "float32"
+    if KERAS3:
+      kwargs.update(autocast=False, aggregation="only_first_replica")
+    else:
+      kwargs.update(experimental_autocast=False,
+                    aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
+  return layer.add_weight(**kwargs)
+
+
+def global_batch_statistics(counts, sums):
+  """(counts, sums) summed over the replicas of a tf.distribute strategy (as they are outside one):
+  the k-means step sees the whole global batch."""
+  context = tf.distribute.get_replica_context()
+  if context is not None and context.num_replicas_in_sync > 1:
+    counts, sums = context.all_reduce(tf.distribute.ReduceOp.SUM, [counts, sums])
+  return counts, sums
 
 
 def timing_signal(length, channels, min_timescale=1.0, max_timescale=1.0e4):
@@ -56,18 +122,27 @@ def check_config(hidden_size, local_heads, routing_heads, num_clusters, window, 
                      "'causal_window'." % (routing_mode,))
 
 
-@tf.keras.utils.register_keras_serializable(package="routing_transformer")
-class RoutingSelfAttention(tf.keras.layers.Layer):
-  """Multi-head self-attention mixing local heads and routing heads (Roy et al., 2021).
+ATTENTION_ARGS = ("hidden_size", "local_heads", "routing_heads", "num_clusters", "window",
+                  "block_length", "flange", "causal", "share_qk", "routing_mode",
+                  "max_relative_position", "local_relative", "routing_relative", "head_dense",
+                  "attention_dropout", "decay", "beta", "epsilon", "exclude_self", "logit_scale")
 
-  Weights (names follow the T2T variable scopes of `layers.self_attention`): q, k, v, [head_dense],
+
+@register
+class RoutingSelfAttention(keras.layers.Layer):
+  """Multi-head self-attention mixing local heads and routing heads (Roy et al., 2021):
+  routing_heads=0 is local attention, local_heads=0 routing attention only.
+
+  Weights (named after the T2T variable scopes of `layers.self_attention`): q, k, v, [head_dense],
   output_transform kernels; per head type optional Shaw relative tables; routing centroids
-  `means` [routing_heads, num_clusters, d] with `ema_count`, `ema_means` (non-trainable).
+  `means` [routing_heads, num_clusters, d] with `ema_count`, `ema_means` (non-trainable, float32).
   Routing heads come first along the head axis, as in the T2T model.
 
-  call(x, padding=None, training=None):
+  call(x, padding=None, mask=None, training=None):
     x: [b, n, hidden] (n static).
     padding: optional bool [b, n], True at padding positions.
+    mask: Keras mask [b, n], True at real positions (from Embedding(mask_zero=True), Masking):
+      its complement is padding too; the layer passes the mask on.
     training: when true, one EMA step of the centroids from this batch's assignments (and the
       attention dropout on the attention weights); otherwise the centroids stay as they are.
   Returns [b, n, hidden]; the k-means loss `kmeans.clustering_loss` (2 * beta * commitment_loss)
@@ -79,9 +154,13 @@ class RoutingSelfAttention(tf.keras.layers.Layer):
                max_relative_position=0, local_relative=True, routing_relative=True,
                head_dense=True, attention_dropout=0.0, decay=kmeans.DECAY, beta=kmeans.BETA,
                epsilon=kmeans.EPSILON, exclude_self=False, logit_scale="none", **kwargs):
+    require_tensorflow_backend()
     super().__init__(**kwargs)
     check_config(hidden_size, local_heads, routing_heads, num_clusters, window, block_length,
                  flange, routing_mode)
+    if logit_scale not in LOGIT_SCALES:
+      raise ValueError("RoutingSelfAttention: logit_scale=%r is not supported; use one of %s."
+                       % (logit_scale, ", ".join(LOGIT_SCALES)))
     self.hidden_size, self.local_heads, self.routing_heads = hidden_size, local_heads, routing_heads
     self.num_clusters, self.window = num_clusters, window
     self.block_length, self.flange = block_length, flange
@@ -90,32 +169,23 @@ class RoutingSelfAttention(tf.keras.layers.Layer):
     self.local_relative, self.routing_relative = local_relative, routing_relative
     self.head_dense, self.attention_dropout = head_dense, attention_dropout
     self.decay, self.beta, self.epsilon = decay, beta, epsilon
-    if logit_scale not in LOGIT_SCALES:
-      raise ValueError("RoutingSelfAttention: logit_scale=%r is not supported; use one of %s."
-                       % (logit_scale, ", ".join(LOGIT_SCALES)))
     self.exclude_self, self.logit_scale = exclude_self, logit_scale
     self.depth = hidden_size // (local_heads + routing_heads)
+    self.supports_masking = True
 
   def get_config(self):
     config = super().get_config()
-    config.update({k: getattr(self, k) for k in (
-        "hidden_size", "local_heads", "routing_heads", "num_clusters", "window", "block_length",
-        "flange", "causal", "share_qk", "routing_mode", "max_relative_position", "local_relative",
-        "routing_relative", "head_dense", "attention_dropout", "decay", "beta", "epsilon",
-        "exclude_self", "logit_scale")})
+    config.update({k: getattr(self, k) for k in ATTENTION_ARGS})
     return config
 
   def _kernel(self, name, shape):
-    return self.add_weight(name=name, shape=shape, trainable=True,
-                           initializer=tf.keras.initializers.GlorotUniform())
+    return add_weight(self, name, shape, keras.initializers.GlorotUniform())
 
   def _relative(self, prefix):
     rows = 2 * self.max_relative_position + 1
-    init = tf.keras.initializers.RandomNormal(stddev=self.depth ** -0.5)
-    return (self.add_weight(name=prefix + "/relative_positions_keys", shape=[rows, self.depth],
-                            initializer=init),
-            self.add_weight(name=prefix + "/relative_positions_values", shape=[rows, self.depth],
-                            initializer=init))
+    init = keras.initializers.RandomNormal(stddev=self.depth ** -0.5)
+    return (add_weight(self, prefix + "_relative_positions_keys", [rows, self.depth], init),
+            add_weight(self, prefix + "_relative_positions_values", [rows, self.depth], init))
 
   def build(self, input_shape):
     hidden = self.hidden_size
@@ -130,24 +200,31 @@ class RoutingSelfAttention(tf.keras.layers.Layer):
     self.output_kernel = self._kernel("output_transform", [hidden, hidden])
     self.routing_tables = self.local_tables = (None, None)
     if self.routing_heads:
-      init = kmeans.initial_means(self.routing_heads, self.num_clusters, self.depth).numpy()
       shape = [self.routing_heads, self.num_clusters, self.depth]
-      constant = tf.keras.initializers.Constant(init)
-      self.means = self.add_weight(name="means", shape=shape, initializer=constant,
-                                   trainable=False)
-      self.ema_count = self.add_weight(name="ema_count", shape=shape[:2], initializer="zeros",
-                                       trainable=False)
-      self.ema_means = self.add_weight(name="ema_means", shape=shape, initializer=constant,
-                                       trainable=False)
+      # one draw for both: ema_means starts equal to the means, as in OnlineKMeans
+      with tf.init_scope():  # eager also when the layer is built inside fit's tf.function
+        init = kmeans.initial_means(*shape).numpy()
+      initial = lambda shape, dtype=None: tf.constant(init, tf.float32)
+      self.means = add_weight(self, "means", shape, initial, trainable=False, float32=True)
+      self.ema_count = add_weight(self, "ema_count", shape[:2], "zeros", trainable=False,
+                                  float32=True)
+      self.ema_means = add_weight(self, "ema_means", shape, initial, trainable=False,
+                                  float32=True)
       if self.routing_relative and self.max_relative_position:
         self.routing_tables = self._relative("routing")
       if self.logit_scale == "learned":  # its log, as layers.routing_options
-        self.log_logit_scale = self.add_weight(
-            name="routing/logit_scale", shape=[self.routing_heads],
-            initializer=tf.keras.initializers.Constant(-0.5 * math.log(self.depth)))
+        self.log_logit_scale = add_weight(
+            self, "routing_logit_scale", [self.routing_heads],
+            keras.initializers.Constant(-0.5 * math.log(self.depth)), float32=True)
     if self.local_heads and self.local_relative and self.max_relative_position:
       self.local_tables = self._relative("local")
-    super().build(input_shape)
+    self.built = True
+
+  def compute_output_shape(self, input_shape):
+    return input_shape
+
+  def compute_mask(self, inputs, mask=None):  # pylint: disable=unused-argument
+    return mask
 
   def projections(self, x):
     """q (scaled by d^-0.5), k, v: [b, n, hidden] -> 3 x [b, heads, n, d]."""
@@ -168,27 +245,34 @@ class RoutingSelfAttention(tf.keras.layers.Layer):
     """The extensions beyond the paper (hparams routing_exclude_self, routing_logit_scale)."""
     scale = {"none": None, "rsqrt_depth": self.depth ** -0.5}.get(self.logit_scale)
     if self.logit_scale == "learned":
-      scale = tf.exp(self.log_logit_scale)
+      scale = tf.exp(tf.convert_to_tensor(self.log_logit_scale))
     return {"exclude_self": self.exclude_self, "logit_scale": scale}
 
   def update_centroids(self, aux):
-    """One EMA step of the centroids (`kmeans.assign_ema_update`) from this routing aux."""
+    """One EMA step of the centroids (`kmeans.assign_ema_update`) from this routing aux, with the
+    statistics of the global batch (`global_batch_statistics`)."""
     x_hats, clusters = kmeans.routed_vectors(aux, self.share_qk)
     counts, sums = kmeans.combined_statistics(x_hats, clusters, self.num_clusters,
                                               aux["weights"])
+    counts, sums = global_batch_statistics(counts, sums)
     kmeans.assign_ema_update(self.means, self.ema_count, self.ema_means, counts, sums,
                              self.decay, self.epsilon)
 
-  def call(self, x, padding=None, training=None):
+  @tf.autograph.experimental.do_not_convert  # plain Python over static shapes: trace it as is
+  def call(self, x, padding=None, mask=None, training=None):
     training = bool(training)
+    if mask is not None:
+      masked = tf.logical_not(tf.cast(mask, tf.bool))
+      padding = masked if padding is None else tf.logical_or(tf.cast(padding, tf.bool), masked)
     q, k, v = self.projections(x)
     r = self.routing_heads
-    out, aux = heads.mixed_heads(q, k, v, r, self.head_config(), self.causal, padding,
-                                 self.means if r else None, self.routing_tables,
-                                 self.local_tables, self.routing_options(),
+    means = tf.convert_to_tensor(self.means) if r else None
+    out, aux = heads.mixed_heads(q, k, v, r, self.head_config(), self.causal, padding, means,
+                                 self.routing_tables, self.local_tables, self.routing_options(),
                                  self.attention_dropout if training else 0.0)
     if r:
-      self.add_loss(kmeans.clustering_loss(aux["commitment_loss"], self.beta))
+      self.add_loss(tf.cast(kmeans.clustering_loss(aux["commitment_loss"], self.beta),
+                            tf.float32))
       if training:
         self.update_centroids(aux)
     if self.head_dense_kernel is not None:
@@ -196,13 +280,85 @@ class RoutingSelfAttention(tf.keras.layers.Layer):
     return tf.matmul(heads.combine_heads(out), self.output_kernel)
 
 
-@tf.keras.utils.register_keras_serializable(package="routing_transformer")
-class RoutingTransformerLM(tf.keras.Model):
+BLOCK_ARGS = ("hidden_size", "filter_size", "local_heads", "routing_heads", "num_clusters",
+              "window", "block_length", "flange", "causal", "routing_mode",
+              "max_relative_position", "dropout")
+
+
+@register
+class RoutingTransformerBlock(keras.layers.Layer):
+  """One post-norm Transformer layer: x = LN(x + attention(x)); x = LN(x + GEGLU(x)), the GEGLU
+  feed-forward (gelu(x W1) * (x W2)) W3 without biases (`layers.geglu_hidden`).
+
+  call(x, padding=None, mask=None, training=None) as `RoutingSelfAttention`; dropout (rate
+  `dropout`) on both residual branches in training.
+  """
+
+  def __init__(self, hidden_size, filter_size=256, local_heads=2, routing_heads=2,
+               num_clusters=8, window=64, block_length=64, flange=64, causal=True,
+               routing_mode="topk", max_relative_position=0, dropout=0.0, **kwargs):
+    require_tensorflow_backend()
+    super().__init__(**kwargs)
+    self.hidden_size, self.filter_size = hidden_size, filter_size
+    self.local_heads, self.routing_heads = local_heads, routing_heads
+    self.num_clusters, self.window = num_clusters, window
+    self.block_length, self.flange, self.causal = block_length, flange, causal
+    self.routing_mode, self.max_relative_position = routing_mode, max_relative_position
+    self.dropout = dropout
+    self.supports_masking = True
+    self.attention = RoutingSelfAttention(
+        hidden_size, local_heads=local_heads, routing_heads=routing_heads,
+        num_clusters=num_clusters, window=window, block_length=block_length, flange=flange,
+        causal=causal, routing_mode=routing_mode, max_relative_position=max_relative_position,
+        name="attention")
+    self.norm1 = keras.layers.LayerNormalization(epsilon=1e-6, name="norm1")
+    self.weight1 = keras.layers.Dense(filter_size, use_bias=False, name="weight1")
+    self.weight2 = keras.layers.Dense(filter_size, use_bias=False, name="weight2")
+    self.weight3 = keras.layers.Dense(hidden_size, use_bias=False, name="weight3")
+    self.norm2 = keras.layers.LayerNormalization(epsilon=1e-6, name="norm2")
+
+  def get_config(self):
+    config = super().get_config()
+    config.update({k: getattr(self, k) for k in BLOCK_ARGS})
+    return config
+
+  def build(self, input_shape):
+    shape = tuple(input_shape)
+    self.attention.build(shape)
+    self.norm1.build(shape)
+    self.weight1.build(shape)
+    self.weight2.build(shape)
+    self.weight3.build(shape[:-1] + (self.filter_size,))
+    self.norm2.build(shape)
+    self.built = True
+
+  def compute_output_shape(self, input_shape):
+    return input_shape
+
+  def compute_mask(self, inputs, mask=None):  # pylint: disable=unused-argument
+    return mask
+
+  @tf.autograph.experimental.do_not_convert  # plain Python over static shapes: trace it as is
+  def call(self, x, padding=None, mask=None, training=None):
+    rate = self.dropout if training else 0.0
+    y = self.attention(x, padding=padding, mask=mask, training=training)
+    x = self.norm1(x + (tf.nn.dropout(y, rate) if rate else y))
+    y = self.weight3(layers.geglu_hidden(self.weight1(x), self.weight2(x)))
+    return self.norm2(x + (tf.nn.dropout(y, rate) if rate else y))
+
+
+LM_ARGS = ("vocab_size", "length", "hidden_size", "filter_size", "num_layers", "local_heads",
+           "routing_heads", "skip_first", "num_clusters", "window", "block_length", "flange",
+           "routing_mode", "max_relative_position", "add_timing_signal", "dropout")
+
+
+@register
+class RoutingTransformerLM(keras.Model):
   """A small decoder-only Routing Transformer language model.
 
-  Token embedding + dense to hidden_size (+ optional sinusoid timing signal), `num_layers` post-norm
-  blocks (x = LN(x + attention(x)); x = LN(x + GEGLU(x))) whose layers from `skip_first` on have
-  `routing_heads` routing heads (earlier layers: all heads local), then logits over the vocabulary.
+  Token embedding + dense to hidden_size (+ optional sinusoid timing signal), `num_layers`
+  `RoutingTransformerBlock`s whose layers from `skip_first` on have `routing_heads` routing heads
+  (earlier layers: all heads local), then float32 logits over the vocabulary.
   Inputs are ids [b, n] (0 = padding), n fixed; outputs logits [b, n, vocab] where position i
   predicts token i (inputs are shifted right inside, as in the T2T model). The commitment losses
   of the routing layers are in `model.losses`, so `model.fit` with
@@ -213,62 +369,63 @@ class RoutingTransformerLM(tf.keras.Model):
                local_heads=2, routing_heads=2, skip_first=1, num_clusters=8, window=64,
                block_length=64, flange=64, routing_mode="topk", max_relative_position=0,
                add_timing_signal=True, dropout=0.0, **kwargs):
+    require_tensorflow_backend()
     super().__init__(**kwargs)
-    self.config = dict(
-        vocab_size=vocab_size, length=length, hidden_size=hidden_size, filter_size=filter_size,
-        num_layers=num_layers, local_heads=local_heads, routing_heads=routing_heads,
-        skip_first=skip_first, num_clusters=num_clusters, window=window,
-        block_length=block_length, flange=flange, routing_mode=routing_mode,
-        max_relative_position=max_relative_position, add_timing_signal=add_timing_signal,
-        dropout=dropout)
-    self.embedding = tf.keras.layers.Embedding(
-        vocab_size, hidden_size, embeddings_initializer=tf.keras.initializers.RandomNormal(0, 1),
+    self.vocab_size, self.length = vocab_size, length
+    self.hidden_size, self.filter_size, self.num_layers = hidden_size, filter_size, num_layers
+    self.local_heads, self.routing_heads, self.skip_first = local_heads, routing_heads, skip_first
+    self.num_clusters, self.window = num_clusters, window
+    self.block_length, self.flange, self.routing_mode = block_length, flange, routing_mode
+    self.max_relative_position = max_relative_position
+    self.add_timing_signal, self.dropout = add_timing_signal, dropout
+    self.embedding = keras.layers.Embedding(
+        vocab_size, hidden_size, embeddings_initializer=keras.initializers.RandomNormal(0, 1),
         name="embedding")
-    self.emb_dense = tf.keras.layers.Dense(hidden_size, name="emb_dense")
+    self.emb_dense = keras.layers.Dense(hidden_size, name="emb_dense")
     self.blocks = []
     for i in range(num_layers):
       routing = routing_heads if i >= skip_first else 0
-      self.blocks.append({
-          "attention": RoutingSelfAttention(
-              hidden_size, local_heads=local_heads + routing_heads - routing,
-              routing_heads=routing, num_clusters=num_clusters, window=window,
-              block_length=block_length, flange=flange, routing_mode=routing_mode,
-              max_relative_position=max_relative_position, name="layer_%d_attention" % i),
-          "norm1": tf.keras.layers.LayerNormalization(epsilon=1e-6, name="layer_%d_norm1" % i),
-          "weight1": tf.keras.layers.Dense(filter_size, use_bias=False, name="layer_%d_w1" % i),
-          "weight2": tf.keras.layers.Dense(filter_size, use_bias=False, name="layer_%d_w2" % i),
-          "weight3": tf.keras.layers.Dense(hidden_size, use_bias=False, name="layer_%d_w3" % i),
-          "norm2": tf.keras.layers.LayerNormalization(epsilon=1e-6, name="layer_%d_norm2" % i),
-      })
-    self.logits_dense = tf.keras.layers.Dense(vocab_size, name="logits")
+      self.blocks.append(RoutingTransformerBlock(
+          hidden_size, filter_size=filter_size, local_heads=local_heads + routing_heads - routing,
+          routing_heads=routing, num_clusters=num_clusters, window=window,
+          block_length=block_length, flange=flange, routing_mode=routing_mode,
+          max_relative_position=max_relative_position, dropout=dropout, name="layer_%d" % i))
+    self.logits_dense = keras.layers.Dense(vocab_size, name="logits")
 
   def get_config(self):
-    return dict(self.config)
+    config = {"name": self.name}
+    config.update({k: getattr(self, k) for k in LM_ARGS})
+    return config
 
   @classmethod
   def from_config(cls, config):
     return cls(**config)
 
+  def build(self, input_shape):
+    batch = tuple(input_shape)[0]
+    hidden = (batch, self.length, self.hidden_size)
+    self.embedding.build((batch, self.length))
+    self.emb_dense.build(hidden)
+    for block in self.blocks:
+      block.build(hidden)
+    self.logits_dense.build(hidden)
+    self.built = True
+
   def attention_layers(self):
     """The RoutingSelfAttention layers, bottom to top."""
-    return [block["attention"] for block in self.blocks]
+    return [block.attention for block in self.blocks]
 
+  @tf.autograph.experimental.do_not_convert
   def call(self, ids, training=None):
     ids = tf.cast(ids, tf.int32)
-    if ids.shape[1] != self.config["length"]:
+    if ids.shape[1] != self.length:
       raise ValueError("RoutingTransformerLM: inputs have length %s, the model was built for "
-                       "length=%d; pad or cut the ids to it." % (ids.shape[1],
-                                                                  self.config["length"]))
+                       "length=%d; pad or cut the ids to it." % (ids.shape[1], self.length))
     padding = tf.equal(ids, 0)
     shifted = tf.pad(ids, [[0, 0], [1, 0]])[:, :-1]
-    rate = self.config["dropout"] if training else 0.0
     x = self.emb_dense(self.embedding(shifted))
-    if self.config["add_timing_signal"]:
-      x += timing_signal(x.shape[1], x.shape[2])
+    if self.add_timing_signal:
+      x += tf.cast(timing_signal(x.shape[1], x.shape[2]), x.dtype)
     for block in self.blocks:
-      y = block["attention"](x, padding=padding, training=training)
-      x = block["norm1"](x + (tf.nn.dropout(y, rate) if rate else y))
-      h = tf.nn.gelu(block["weight1"](x), approximate=True) * block["weight2"](x)
-      y = block["weight3"](h)
-      x = block["norm2"](x + (tf.nn.dropout(y, rate) if rate else y))
-    return self.logits_dense(x)
+      x = block(x, padding=padding, training=training)
+    return tf.cast(self.logits_dense(x), tf.float32)

@@ -12,7 +12,6 @@ from routing_transformer.core.attention import incremental
 from routing_transformer.core.attention import routing
 from routing_transformer.core import kmeans
 from routing_transformer.core import rebuild
-from tensor2tensor.layers import common_layers
 
 tf1 = tf.compat.v1
 
@@ -374,9 +373,14 @@ def encdec_attention(x, memory, hparams, memory_padding, position=None, train=Fa
   return dense(heads.combine_heads(out), hparams.hidden_size, "output_transform")
 
 
+def gelu(x):
+  """T2T's common_layers.gelu (the tanh approximation), the same ops."""
+  return x * (0.5 * (1.0 + tf.tanh((math.sqrt(2 / math.pi) * (x + 0.044715 * tf.pow(x, 3))))))
+
+
 def geglu_hidden(a, b):
   """gelu(a) * b (T2T's tanh approximation of gelu)."""
-  return common_layers.gelu(a) * b
+  return gelu(a) * b
 
 
 @tf.custom_gradient
