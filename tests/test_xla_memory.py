@@ -1,0 +1,124 @@
+"""benchmarks/xla_memory.py reads XLA's own memory figure: the buffer assignment XLA's CPU
+compiler dumps for a compiled function, parsed into its total and its parts; its
+configurations set real hparams."""
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from conftest import ROOT, benchmark_module
+
+xla_memory = benchmark_module("xla_memory")
+
+# Two jit-compiled functions of x [n, 32] (n = 64 and 256) whose one large intermediate is the
+# [n, n] float32 product; prints the parsed buffer assignment of each module XLA dumped.
+SCRIPT = textwrap.dedent("""
+    import json, os, sys
+    dump = sys.argv[1]
+    os.environ["XLA_FLAGS"] = (sys.argv[2] + " --xla_dump_to=%s --xla_dump_hlo_as_text" % dump)
+    import tensorflow as tf
+    import xla_memory
+
+    def product_sum(x):
+      return tf.reduce_sum(tf.tanh(tf.matmul(x, x, transpose_b=True)))
+
+    small = tf.function(product_sum, jit_compile=True)
+    large = tf.function(product_sum, jit_compile=True)
+    print(small(tf.ones([64, 32])).numpy(), large(tf.ones([256, 32])).numpy())
+    modules = xla_memory.dump_memory(dump)
+    print(json.dumps(modules))
+""")
+
+
+def compiled_memory(tmp_path, flags=""):
+  """{n: parsed buffer assignment} of product_sum compiled at x [n, 32] for n = 64 and 256."""
+  dump = str(tmp_path / ("dump" + str(len(flags))))
+  env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+      [os.path.join(ROOT, "benchmarks"), ROOT, os.environ.get("PYTHONPATH", "")]),
+             TF_CPP_MIN_LOG_LEVEL="2")
+  out = subprocess.run([sys.executable, "-c", SCRIPT, dump, flags], capture_output=True,
+                       text=True, env=env, timeout=300, check=False)
+  assert out.returncode == 0, out.stderr[-2000:]
+  lines = out.stdout.strip().splitlines()
+  assert [float(v) for v in lines[0].split()] == [64.0 * 64, 256.0 * 256]  # tanh(32) = 1
+  modules = json.loads(lines[-1])
+  assert len(modules) == 2, modules
+  # The larger module first; both are product_sum's (tf.function names them after it).
+  assert all("product_sum" in m["module"] for m in modules), modules
+  return {256: modules[0], 64: modules[1]}
+
+
+@pytest.fixture(scope="module")
+def memory(tmp_path_factory):
+  return compiled_memory(tmp_path_factory.mktemp("xla"))
+
+
+def test_parsed_bytes_are_the_functions_buffers_and_grow_with_the_tensor(memory):
+  for n, m in memory.items():
+    assert m["parameter_bytes"] == 4 * n * 32  # x, float32
+    assert m["output_bytes"] == 4  # the scalar sum
+    assert 4 * n * n <= m["temp_bytes"] <= 3 * 4 * n * n  # the [n, n] product (and its tanh)
+    assert m["total_bytes"] == sum(m[k + "_bytes"] for k in xla_memory.KINDS)
+    assert m["allocations"] >= 3
+    assert m["compile_seconds"] >= m["buffer_assignment_seconds"] >= 0
+  grown = memory[256]["temp_bytes"] - memory[64]["temp_bytes"]
+  assert grown >= 4 * (256 * 256 - 64 * 64)
+  assert memory[256]["total_bytes"] > memory[64]["total_bytes"] + grown - 1
+
+
+def test_llvm_flags_leave_the_buffer_assignment_alone(memory, tmp_path):
+  """The benchmark compiles with LLVM's optimisations off (FAST_LLVM): XLA assigns the same
+  buffers, so the bytes are those of a full compilation."""
+  fast = compiled_memory(tmp_path, xla_memory.FAST_LLVM)
+  keys = ["total_bytes"] + [k + "_bytes" for k in xla_memory.KINDS]
+  for n in memory:
+    assert {k: fast[n][k] for k in keys} == {k: memory[n][k] for k in keys}
+
+
+ASSIGNMENT = """BufferAssignment:
+allocation 0: size 8192, parameter 0, shape |f32[64,32]| at ShapeIndex {}:
+ value: <3 arg0.1 @0> (size=8192,offset=0): f32[64,32]{1,0}
+allocation 1: size 512, maybe-live-out, parameter 1, shape |f32[128]| at ShapeIndex {}:
+allocation 2: size 4, output shape is |f32[]|, maybe-live-out:
+allocation 3: size 4, constant:
+allocation 4: size 8, thread-local:
+allocation 5: size 16400, preallocated-temp:
+ value: <4 dot.4 @0> (size=16384,offset=0): f32[64,64]{1,0}
+allocation 6: size 100:
+
+Total bytes used: 25220 (24.6KiB)
+
+Used values:
+allocation 7: size 999, constant:
+"""
+
+
+def test_parse_splits_the_total_by_kind():
+  parsed = xla_memory.parse_buffer_assignment(ASSIGNMENT)
+  assert parsed == {"total_bytes": 25220, "allocations": 7, "parameter_bytes": 8704,
+                    "output_bytes": 4, "constant_bytes": 4, "thread_local_bytes": 8,
+                    "temp_bytes": 16500}
+  with pytest.raises(ValueError, match="add up to 25219"):
+    xla_memory.parse_buffer_assignment(ASSIGNMENT.replace("size 100:", "size 99:"))
+  with pytest.raises(ValueError, match="Total bytes used"):
+    xla_memory.parse_buffer_assignment(ASSIGNMENT.split("\nTotal")[0])
+
+
+def test_configurations_set_existing_hparams():
+  """Each configuration's overrides name hparams of the bench-8k set (setattr on HParams would
+  add a new, unread attribute silently), with values of their types."""
+  train_step = benchmark_module("train_step")
+  train_memory = benchmark_module("train_memory")
+  plain = train_step.model_hparams("routing", 1024).values()
+  names = set(xla_memory.CONFIGS)
+  assert {"routing", "local", "routing_recompute_chunked_attention_qkv"} <= names
+  for name in xla_memory.CONFIGS:
+    overrides = train_memory.overrides_of(name, 512)
+    for key, value in overrides.items():
+      assert key in plain, (name, key)
+      assert isinstance(value, type(plain[key])), (name, key, value)
+    assert xla_memory.CONFIGS[name][0] in train_step.KINDS
+  assert train_memory.overrides_of("routing_chunked", 512) == {"logits_chunk_size": 512}
