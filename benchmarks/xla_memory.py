@@ -29,7 +29,9 @@ recomputation survives XLA's passes). LLVM's optimisations are off (FAST_LLVM: t
 assignment, a seventh of the compilation time, a slower step; --full_compile turns them on).
 "compile" is the time from XLA's first dump file to its last (HLO passes, buffer assignment,
 LLVM); the first run also lowers the graph to HLO and executes the step once; --steps N times
-N more executions.
+N more executions. A configuration whose training step fails to compile or run is measured
+again as its loss and gradients without the optimizer's update (the record's "compiled" and the
+table say so; no ratio against a whole step).
 
 Prints one JSON line per configuration, a table with ratios against "routing" (plain), the TF
 executor's peak RSS of the same configurations from --executor_results (benchmarks/results/
@@ -58,6 +60,8 @@ BASE = "routing"
 BUFFER_ASSIGNMENT = "*buffer-assignment.txt"
 ALLOCATION = re.compile(r"^allocation \d+: size (\d+)(.*)$")
 TOTAL = re.compile(r"^Total bytes used: (\d+)")
+INSTRUCTION = re.compile(r"^\s+(?:ROOT )?%?[\w.\-]+ = \S+ ([\w\-]+)\(")  # name = shape op(...
+HLO_STAGES = {"before": "before_optimizations.txt", "after": "after_optimizations.txt"}
 KINDS = ("parameter", "output", "constant", "thread_local", "temp")
 MIB = 2.0 ** 20
 # LLVM without its optimisation passes: the buffer assignment comes before LLVM (the same bytes:
@@ -110,11 +114,20 @@ def parse_buffer_assignment(text):
   return out
 
 
+def hlo_counts(text):
+  """(instructions, dot instructions) of an HLO module's text (every computation, fusions'
+  included): a recomputation XLA keeps shows as more dots after its passes."""
+  ops = [m.group(1) for m in map(INSTRUCTION.match, text.splitlines()) if m]
+  return len(ops), ops.count("dot")
+
+
 def dump_memory(dump_dir):
   """The parsed buffer assignments of every module XLA dumped to `dump_dir`, largest total
   first: [dict(parse_buffer_assignment(...), module=its name, compile_seconds=time from the
   module's first dump file (the HLO before XLA's passes) to its last (the object code),
-  buffer_assignment_seconds=from the first to the buffer assignment (XLA's HLO passes))]."""
+  buffer_assignment_seconds=from the first to the buffer assignment (XLA's HLO passes),
+  hlo_instructions_<stage> and hlo_dots_<stage> (`hlo_counts`) before and after XLA's
+  passes)]."""
   modules = []
   for path in glob.glob(os.path.join(dump_dir, BUFFER_ASSIGNMENT)):
     with open(path) as f:
@@ -124,6 +137,12 @@ def dump_memory(dump_dir):
     name = os.path.basename(path)[len(prefix) + 1:].split(".")[0]
     record.update(module=name[:80], compile_seconds=max(times) - min(times),
                   buffer_assignment_seconds=os.path.getmtime(path) - min(times))
+    for stage, suffix in HLO_STAGES.items():
+      for hlo in glob.glob(os.path.join(dump_dir, prefix + ".*" + suffix)):
+        if "buffer-assignment" not in hlo:
+          with open(hlo) as f:
+            record["hlo_instructions_" + stage], record["hlo_dots_" + stage] = hlo_counts(
+                f.read())
     modules.append(record)
   modules.sort(key=lambda r: -r["total_bytes"])
   return modules
@@ -132,10 +151,11 @@ def dump_memory(dump_dir):
 # --- the worker (one configuration in its own process) ------------------------------------------
 
 def xla_worker(model, overrides, length, vocab, steps, threads, keep_dump=False,
-               full_compile=False):
+               full_compile=False, gradients_only=False):
   """Builds bench-8k's training step inside tf.xla.experimental.compile, runs it once (and
   `steps` more times, timed), and returns its record with XLA's buffer assignment;
-  `full_compile`: LLVM's optimisations on (FAST_LLVM otherwise)."""
+  `full_compile`: LLVM's optimisations on (FAST_LLVM otherwise); `gradients_only`: the loss and
+  its gradients without the optimizer's update (the record's "compiled" says which)."""
   dump = tempfile.mkdtemp(prefix="xla_memory_")
   os.environ["XLA_FLAGS"] = " ".join(x for x in (
       os.environ.get("XLA_FLAGS", ""), "" if full_compile else FAST_LLVM,
@@ -154,7 +174,8 @@ def xla_worker(model, overrides, length, vocab, steps, threads, keep_dump=False,
   hparams = train_step.model_hparams(model, length, overrides)
   record = {"record": "point", "model": model, "overrides": overrides, "length": length,
             "vocab": vocab, "threads": threads, "tensorflow": tf.__version__,
-            "xla_flags": os.environ["XLA_FLAGS"].replace(dump, "<dump>")}
+            "xla_flags": os.environ["XLA_FLAGS"].replace(dump, "<dump>"),
+            "compiled": "loss and gradients" if gradients_only else "training step"}
   graph = tf.Graph()
   with graph.as_default():
     tf1.train.get_or_create_global_step()
@@ -169,6 +190,9 @@ def xla_worker(model, overrides, length, vocab, steps, threads, keep_dump=False,
     def training_step(targets):
       with tf1.variable_scope("", reuse=tf1.AUTO_REUSE):
         loss = model_loss(targets)
+      if gradients_only:
+        return [loss] + [tf.convert_to_tensor(g) for g in
+                         tf1.gradients(loss, tf1.trainable_variables()) if g is not None]
       return optimize.optimize(loss, tf.constant(0.01), hparams, use_tpu=False)
 
     started = time.perf_counter()
@@ -186,7 +210,7 @@ def xla_worker(model, overrides, length, vocab, steps, threads, keep_dump=False,
     started = time.perf_counter()
     loss = sess.run(compiled, feed)
     record["first_run_seconds"] = time.perf_counter() - started  # compilation + one step
-    record["loss"] = float(np.asarray(loss).reshape(-1)[0])
+    record["loss"] = float(np.asarray(loss[0] if gradients_only else loss).reshape(-1)[0])
     if steps:
       record["seconds_per_step"] = common.median_time(lambda: sess.run(compiled, feed), steps)
     modules = dump_memory(dump)
@@ -207,7 +231,7 @@ def xla_worker(model, overrides, length, vocab, steps, threads, keep_dump=False,
 
 # --- the parent ---------------------------------------------------------------------------------
 
-def run_worker(args, name):
+def run_worker(args, name, gradients_only=False):
   """One configuration in a new process (killed after --timeout seconds); its record."""
   overrides = train_memory.overrides_of(name, args.chunk)
   command = [sys.executable, os.path.abspath(__file__), "--worker", "--model", CONFIGS[name][0],
@@ -215,7 +239,8 @@ def run_worker(args, name):
              "--length", str(args.length), "--vocab", str(args.vocab), "--steps",
              str(args.steps), "--threads", str(args.threads)] + (
                  ["--keep_dump"] if args.keep_dump else []) + (
-                     ["--full_compile"] if args.full_compile else [])
+                     ["--full_compile"] if args.full_compile else []) + (
+                         ["--gradients_only"] if gradients_only else [])
   started = time.time()
   try:
     proc = subprocess.run(command, capture_output=True, text=True, cwd=HERE,
@@ -231,16 +256,21 @@ def run_worker(args, name):
   return record
 
 
-def executor_peaks(path):
-  """{config: peak RSS MiB} of the ok bench-8k records of train_memory.py's results file, and
-  its machine record ({} and None when the file is absent)."""
+def executor_peaks(path, vocab, chunk):
+  """({config: peak RSS MiB} of the ok bench-8k records of train_memory.py's results file,
+  its machine record, None) when the file exists and measured the same vocab and chunk, else
+  ({}, None, why not)."""
   if not path or not os.path.exists(path):
-    return {}, None
+    return {}, None, "no %s: `make bench-memory BENCH_ARGS=\"--part 8k\"` writes it" % path
   with open(path) as f:
     payload = json.load(f)
+  machine = payload.get("machine", {})
+  if (machine.get("vocab"), machine.get("chunk")) != (vocab, chunk):
+    return {}, None, "%s measured vocab %s, chunk %s, not %s, %s" % (
+        path, machine.get("vocab"), machine.get("chunk"), vocab, chunk)
   peaks = {name: r["peak_rss_mb"] for name, r in payload.get("bench_8k", {}).items()
            if r.get("status") == "ok"}
-  return peaks, payload.get("machine")
+  return peaks, machine, None
 
 
 def ratios(results, executor):
@@ -251,7 +281,7 @@ def ratios(results, executor):
   pairs += [(name, name[:-len("_bf16")]) for name in results if name.endswith("_bf16")]
   out = {}
   for name, base in pairs:
-    if name in ok and base in ok:
+    if name in ok and base in ok and ok[name].get("compiled") == ok[base].get("compiled"):
       for field in ("total_bytes", "temp_bytes"):
         out["xla_%s_%s_over_%s" % (field[:-6], name, base)] = (
             ok[name][field] / max(ok[base][field], 1))
@@ -260,30 +290,43 @@ def ratios(results, executor):
   return out
 
 
-def print_table(results, executor, executor_machine, length):
+def relative(r, base, field):
+  """r[field] / base[field] as text, "1 (=)" when r's buffer assignment has base's bytes and
+  allocations exactly (XLA compiled the switch away), "-" without an ok base."""
+  if base.get("status") != "ok" or r.get("compiled") != base.get("compiled"):
+    return "-"
+  keys = ["allocations"] + [k + "_bytes" for k in KINDS]
+  if r is base:
+    return "1"
+  if all(r[k] == base[k] for k in keys):
+    return "1 (=)"
+  return "%.2f" % (r[field] / base[field])
+
+
+def print_table(results, executor, executor_source, length):
+  """The table: per configuration XLA's total and temporary bytes (and their ratios to
+  "routing"'s), parameters, outputs, compile time, and the executor's peak RSS and its ratio."""
   base, rss_base = results.get(BASE, {}), executor.get(BASE)
   print("\nbench-8k training step at length %d: XLA's buffer assignment (CPU compiler, whole "
-        "step) and the TF executor's peak process RSS (%s)" % (
-            length, "benchmarks/train_memory.py, %s, length 8192" % executor_machine["date"]
-            if executor_machine else "none: train_memory.py measures length 8192"
-            if length != train_memory.LENGTH_8K else
-            "none: no train_memory.json, `make bench-memory` writes it"))
+        "step) and the TF executor's peak process RSS (%s)" % (length, executor_source))
   print("\n| configuration | XLA total | vs routing | XLA temp | vs routing | parameters | "
-        "outputs | compile | executor peak RSS | vs routing |\n|---|---|---|---|---|---|---|"
-        "---|---|---|")
+        "outputs | dots before / after XLA's passes | compile | executor peak RSS | vs routing |"
+        "\n|---|---|---|---|---|---|---|---|---|---|---|")
   for name, r in results.items():
     rss = executor.get(name)
     rss_cells = ("%.2f GiB" % (rss / 1024.0), "%.2f" % (rss / rss_base) if rss_base else "-") \
         if rss else ("-", "-")
     if r["status"] != "ok":
-      print("| %s | %s | | | | | | | %s | %s |" % ((name, r["status"]) + rss_cells))
+      print("| %s | %s | | | | | | | | %s | %s |" % ((name, r["status"]) + rss_cells))
       continue
-    rel = {f: ("%.2f" % (r[f] / base[f]) if base.get("status") == "ok" else "-")
-           for f in ("total_bytes", "temp_bytes")}
-    print("| %s | %.0f MiB | %s | %.0f MiB | %s | %.0f MiB | %.0f MiB | %.0f s | %s | %s |" % (
-        name, r["total_bytes"] / MIB, rel["total_bytes"], r["temp_bytes"] / MIB,
-        rel["temp_bytes"], r["parameter_bytes"] / MIB, r["output_bytes"] / MIB,
-        r["compile_seconds"], rss_cells[0], rss_cells[1]))
+    rel = {f: relative(r, base, f) for f in ("total_bytes", "temp_bytes")}
+    what = r.get("compiled", "training step")
+    dots = "%s / %s" % (r.get("hlo_dots_before", "?"), r.get("hlo_dots_after", "?"))
+    print("| %s | %.0f MiB | %s | %.0f MiB | %s | %.0f MiB | %.0f MiB | %s | %.0f s | %s | %s |"
+          % (name + ("" if what == "training step" else " (%s)" % what), r["total_bytes"] / MIB,
+             rel["total_bytes"], r["temp_bytes"] / MIB, rel["temp_bytes"],
+             r["parameter_bytes"] / MIB, r["output_bytes"] / MIB, dots, r["compile_seconds"],
+             rss_cells[0], rss_cells[1]))
 
 
 def main(argv=None):
@@ -309,12 +352,14 @@ def main(argv=None):
                       "passes on (slower compilation, faster --steps; the same buffer bytes)")
   parser.add_argument("--out", default=os.path.join(HERE, "results"))
   parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+  parser.add_argument("--gradients_only", action="store_true", help=argparse.SUPPRESS)
   parser.add_argument("--model", help=argparse.SUPPRESS)
   parser.add_argument("--overrides", default="{}", help=argparse.SUPPRESS)
   args = parser.parse_args(argv)
   if args.worker:
     print(json.dumps(xla_worker(args.model, json.loads(args.overrides), args.length, args.vocab,
-                                args.steps, args.threads, args.keep_dump, args.full_compile)))
+                                args.steps, args.threads, args.keep_dump, args.full_compile,
+                                args.gradients_only)))
     return
   names = [n.strip() for n in args.configs.split(",") if n.strip()]
   unknown = [n for n in names if n not in CONFIGS]
@@ -325,14 +370,21 @@ def main(argv=None):
   results = {}
   for name in names:
     results[name] = run_worker(args, name)
+    if results[name]["status"] == "failed":  # e.g. an op XLA cannot compile in the update
+      common.emit(dict(results[name], retry="loss and gradients"))
+      results[name] = run_worker(args, name, gradients_only=True)
     common.emit(results[name])
-  # train_memory.py measures bench-8k at length 8192 only.
-  executor, executor_machine = executor_peaks(
-      args.executor_results if args.length == train_memory.LENGTH_8K else None)
+  if args.length == train_memory.LENGTH_8K:
+    executor, executor_machine, why_not = executor_peaks(args.executor_results, args.vocab,
+                                                         args.chunk)
+  else:
+    executor, executor_machine, why_not = {}, None, "train_memory.py measures length 8192"
   executor = {k: v for k, v in executor.items() if k in results}
+  source = ("none: " + why_not if why_not else "%s, %s, length 8192" % (
+      args.executor_results, executor_machine.get("date")))
   ratio = dict(ratios(results, executor), record="ratio")
   common.emit(ratio)
-  print_table(results, executor, executor_machine, args.length)
+  print_table(results, executor, source, args.length)
   common.save(args.out, "xla_memory.json", {"machine": info, "results": results,
                                             "executor_peak_rss_mb": executor,
                                             "executor_machine": executor_machine,

@@ -64,6 +64,8 @@ def test_parsed_bytes_are_the_functions_buffers_and_grow_with_the_tensor(memory)
     assert m["total_bytes"] == sum(m[k + "_bytes"] for k in xla_memory.KINDS)
     assert m["allocations"] >= 3
     assert m["compile_seconds"] >= m["buffer_assignment_seconds"] >= 0
+    assert m["hlo_dots_before"] == m["hlo_dots_after"] == 1  # the one matmul
+    assert m["hlo_instructions_before"] > m["hlo_instructions_after"] >= 4
   grown = memory[256]["temp_bytes"] - memory[64]["temp_bytes"]
   assert grown >= 4 * (256 * 256 - 64 * 64)
   assert memory[256]["total_bytes"] > memory[64]["total_bytes"] + grown - 1
@@ -122,3 +124,47 @@ def test_configurations_set_existing_hparams():
       assert isinstance(value, type(plain[key])), (name, key, value)
     assert xla_memory.CONFIGS[name][0] in train_step.KINDS
   assert train_memory.overrides_of("routing_chunked", 512) == {"logits_chunk_size": 512}
+
+
+def point(total, temp, allocations=10):
+  """A configuration's record with `total` and `temp` MiB, 100 MiB of parameters."""
+  mib = 2 ** 20
+  return {"status": "ok", "total_bytes": total * mib, "temp_bytes": temp * mib,
+          "allocations": allocations, "parameter_bytes": 100 * mib,
+          "output_bytes": (total - temp - 100) * mib, "constant_bytes": 0,
+          "thread_local_bytes": 0, "compile_seconds": 3.0, "hlo_dots_before": 12,
+          "hlo_dots_after": 8}
+
+
+def test_ratios_and_table_against_plain_routing_with_the_executors_peaks(tmp_path, capsys):
+  results = {"routing": point(1000, 800), "routing_recompute": point(1000, 800),
+             "routing_chunked": point(1000, 800, allocations=11), "routing_bf16": point(600, 400),
+             "routing_recompute_bf16": point(500, 300), "local": {"status": "failed"},
+             "routing_rebuild_linear": dict(point(900, 700), compiled="loss and gradients")}
+  path = tmp_path / "train_memory.json"
+  path.write_text(json.dumps({"machine": {"date": "2026-12-01", "vocab": 256, "chunk": 1024},
+                              "bench_8k": {"routing": {"status": "ok", "peak_rss_mb": 2048.0},
+                                           "routing_recompute": {"status": "ok",
+                                                                 "peak_rss_mb": 1536.0},
+                                           "local": {"status": "timeout"}}}))
+  executor, machine, why_not = xla_memory.executor_peaks(str(path), 256, 1024)
+  assert executor == {"routing": 2048.0, "routing_recompute": 1536.0} and why_not is None
+  assert machine["date"] == "2026-12-01"
+  assert xla_memory.executor_peaks(str(path), 256, 512)[2].endswith("chunk 1024, not 256, 512")
+  assert "make bench-memory" in xla_memory.executor_peaks(str(tmp_path / "no.json"), 256, 1)[2]
+  ratio = xla_memory.ratios(results, executor)
+  assert ratio["xla_total_routing_bf16_over_routing"] == 0.6
+  assert ratio["xla_temp_routing_bf16_over_routing"] == 0.5
+  assert ratio["xla_temp_routing_recompute_bf16_over_routing_recompute"] == 300 / 800
+  assert ratio["executor_peak_rss_routing_recompute_over_routing"] == 0.75
+  assert not any("local" in key or "rebuild" in key for key in ratio)  # failed; not a step
+  xla_memory.print_table(results, executor, "a file", 8192)
+  rows = {line.split(" | ")[0][2:]: line.split(" | ")[1:]
+          for line in capsys.readouterr().out.splitlines() if line.startswith("| ")}
+  assert rows["routing_recompute"][:8] == ["1000 MiB", "1 (=)", "800 MiB", "1 (=)", "100 MiB",
+                                          "100 MiB", "12 / 8", "3 s"]
+  assert rows["routing"][1] == "1"
+  assert rows["routing_recompute"][-2:] == ["1.50 GiB", "0.75 |"]
+  assert rows["routing_chunked"][1] == "1.00" and rows["routing_bf16"][3] == "0.50"
+  assert rows["local"][0] == "failed"
+  assert rows["routing_rebuild_linear (loss and gradients)"][:2] == ["900 MiB", "-"]
