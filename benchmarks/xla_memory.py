@@ -3,7 +3,7 @@ own buffer assignment, beside the TF executor's peak RSS of benchmarks/train_mem
 
     python benchmarks/xla_memory.py [--configs NAME,...] [--length 8192] [--chunk 1024]
         [--vocab 256] [--steps 0] [--timeout 7200] [--threads N] [--full_compile]
-        [--keep_dump] [--executor_results FILE] [--out DIR]
+        [--keep_dump] [--executor_results FILE] [--out DIR] [--table]
 
 Every configuration (benchmarks/train_memory.py's CONFIGS: the memory switches
 recompute_layers, logits_chunk_size, recompute_attention, recompute_keep_heads,
@@ -36,7 +36,8 @@ table say so; no ratio against a whole step).
 Prints one JSON line per configuration, a table with ratios against "routing" (plain), the TF
 executor's peak RSS of the same configurations from --executor_results (benchmarks/results/
 train_memory.json, written by benchmarks/train_memory.py, when present and --length is 8192) in
-the same table, and writes benchmarks/results/xla_memory.json.
+the same table, and writes benchmarks/results/xla_memory.json. --table prints the table again
+from that file and the current train_memory.json without compiling anything.
 """
 import argparse
 import glob
@@ -273,6 +274,11 @@ def executor_peaks(path, vocab, chunk):
   return peaks, machine, None
 
 
+def compiled(record):
+  """What a record's XLA computation holds: "training step" or "loss and gradients"."""
+  return record.get("compiled", "training step")
+
+
 def ratios(results, executor):
   """XLA total and temporary bytes, and the executor's peak RSS, of every configuration over
   "routing"'s, and of every *_bf16 configuration over its float32 twin."""
@@ -281,7 +287,7 @@ def ratios(results, executor):
   pairs += [(name, name[:-len("_bf16")]) for name in results if name.endswith("_bf16")]
   out = {}
   for name, base in pairs:
-    if name in ok and base in ok and ok[name].get("compiled") == ok[base].get("compiled"):
+    if name in ok and base in ok and compiled(ok[name]) == compiled(ok[base]):
       for field in ("total_bytes", "temp_bytes"):
         out["xla_%s_%s_over_%s" % (field[:-6], name, base)] = (
             ok[name][field] / max(ok[base][field], 1))
@@ -293,7 +299,7 @@ def ratios(results, executor):
 def relative(r, base, field):
   """r[field] / base[field] as text, "1 (=)" when r's buffer assignment has base's bytes and
   allocations exactly (XLA compiled the switch away), "-" without an ok base."""
-  if base.get("status") != "ok" or r.get("compiled") != base.get("compiled"):
+  if base.get("status") != "ok" or compiled(r) != compiled(base):
     return "-"
   keys = ["allocations"] + [k + "_bytes" for k in KINDS]
   if r is base:
@@ -320,7 +326,7 @@ def print_table(results, executor, executor_source, length):
       print("| %s | %s | | | | | | | | %s | %s |" % ((name, r["status"]) + rss_cells))
       continue
     rel = {f: relative(r, base, f) for f in ("total_bytes", "temp_bytes")}
-    what = r.get("compiled", "training step")
+    what = compiled(r)
     dots = "%s / %s" % (r.get("hlo_dots_before", "?"), r.get("hlo_dots_after", "?"))
     print("| %s | %.0f MiB | %s | %.0f MiB | %s | %.0f MiB | %.0f MiB | %s | %.0f s | %s | %s |"
           % (name + ("" if what == "training step" else " (%s)" % what), r["total_bytes"] / MIB,
@@ -351,6 +357,9 @@ def main(argv=None):
   parser.add_argument("--full_compile", action="store_true", help="LLVM's optimisation "
                       "passes on (slower compilation, faster --steps; the same buffer bytes)")
   parser.add_argument("--out", default=os.path.join(HERE, "results"))
+  parser.add_argument("--table", action="store_true", help="compile nothing: the table again "
+                      "from --out's xla_memory.json and --executor_results (e.g. after "
+                      "`make bench-memory`)")
   parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
   parser.add_argument("--gradients_only", action="store_true", help=argparse.SUPPRESS)
   parser.add_argument("--model", help=argparse.SUPPRESS)
@@ -365,15 +374,21 @@ def main(argv=None):
   unknown = [n for n in names if n not in CONFIGS]
   if unknown:
     sys.exit("xla_memory: unknown --configs %s; choose from %s" % (unknown, ", ".join(CONFIGS)))
-  info = common.start("xla_memory", length=args.length, vocab=args.vocab, chunk=args.chunk,
-                      threads_used=args.threads)
-  results = {}
-  for name in names:
-    results[name] = run_worker(args, name)
-    if results[name]["status"] == "failed":  # e.g. an op XLA cannot compile in the update
-      common.emit(dict(results[name], retry="loss and gradients"))
-      results[name] = run_worker(args, name, gradients_only=True)
-    common.emit(results[name])
+  if args.table:
+    with open(os.path.join(args.out, "xla_memory.json")) as f:
+      payload = json.load(f)
+    info, results = payload["machine"], payload["results"]
+    args.length, args.vocab, args.chunk = info["length"], info["vocab"], info["chunk"]
+  else:
+    info = common.start("xla_memory", length=args.length, vocab=args.vocab, chunk=args.chunk,
+                        threads_used=args.threads)
+    results = {}
+    for name in names:
+      results[name] = run_worker(args, name)
+      if results[name]["status"] == "failed":  # e.g. an op XLA cannot compile in the update
+        common.emit(dict(results[name], retry="loss and gradients"))
+        results[name] = run_worker(args, name, gradients_only=True)
+      common.emit(results[name])
   if args.length == train_memory.LENGTH_8K:
     executor, executor_machine, why_not = executor_peaks(args.executor_results, args.vocab,
                                                          args.chunk)
