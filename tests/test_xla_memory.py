@@ -1,6 +1,7 @@
 """benchmarks/xla_memory.py reads XLA's own memory figure: the buffer assignment XLA's CPU
-compiler dumps for a compiled function, parsed into its total and its parts; its
-configurations set real hparams."""
+compiler dumps for a compiled function, parsed into its total and its parts, which grow with the
+function's tensors and fall with a recomputation XLA keeps (tf.recompute_grad's); its
+configurations set real hparams; its table compares them with plain routing."""
 import json
 import os
 import subprocess
@@ -14,7 +15,11 @@ from conftest import ROOT, benchmark_module
 xla_memory = benchmark_module("xla_memory")
 
 # Two jit-compiled functions of x [n, 32] (n = 64 and 256) whose one large intermediate is the
-# [n, n] float32 product; prints the parsed buffer assignment of each module XLA dumped.
+# [n, n] float32 product, and the gradient of a chain of BLOCKS residual blocks over [1024, 128]
+# without and with tf.recompute_grad (which keeps only each block's input for the backward
+# pass, and makes XLA keep the recomputation with a data dependency on the incoming gradient);
+# prints the parsed buffer assignment of each module XLA dumped.
+BLOCKS = 6
 SCRIPT = textwrap.dedent("""
     import json, os, sys
     dump = sys.argv[1]
@@ -28,27 +33,53 @@ SCRIPT = textwrap.dedent("""
     small = tf.function(product_sum, jit_compile=True)
     large = tf.function(product_sum, jit_compile=True)
     print(small(tf.ones([64, 32])).numpy(), large(tf.ones([256, 32])).numpy())
-    modules = xla_memory.dump_memory(dump)
-    print(json.dumps(modules))
+    ws = [tf.Variable(tf.random.normal([128, 128], seed=i) * 0.05)
+          for i in range(int(sys.argv[3]))]
+
+    def block(x, w):
+      return x + tf.tanh(tf.tanh(x @ w) @ tf.transpose(w))
+
+    def chain_gradients(x, recompute):
+      with tf.GradientTape() as tape:
+        for w in ws:
+          step = lambda x, w=w: block(x, w)
+          x = tf.recompute_grad(step)(x) if recompute else step(x)
+        loss = tf.reduce_sum(x * x)
+      return tape.gradient(loss, ws)
+
+    @tf.function(jit_compile=True)
+    def chain_plain(x):
+      return chain_gradients(x, False)
+
+    @tf.function(jit_compile=True)
+    def chain_recompute(x):
+      return chain_gradients(x, True)
+    x = tf.random.normal([1024, 128], seed=7)
+    for got, want in zip(chain_recompute(x), chain_plain(x)):
+      tf.debugging.assert_near(got, want, rtol=1e-4, atol=1e-5)
+    print(json.dumps(xla_memory.dump_memory(dump)))
 """)
 
 
 def compiled_memory(tmp_path, flags=""):
-  """{n: parsed buffer assignment} of product_sum compiled at x [n, 32] for n = 64 and 256."""
+  """{n: parsed buffer assignment} of product_sum compiled at x [n, 32] for n = 64 and 256, and
+  {"plain" / "recompute": that} of the chain's gradients."""
   dump = str(tmp_path / ("dump" + str(len(flags))))
   env = dict(os.environ, PYTHONPATH=os.pathsep.join(
       [os.path.join(ROOT, "benchmarks"), ROOT, os.environ.get("PYTHONPATH", "")]),
              TF_CPP_MIN_LOG_LEVEL="2")
-  out = subprocess.run([sys.executable, "-c", SCRIPT, dump, flags], capture_output=True,
-                       text=True, env=env, timeout=300, check=False)
+  out = subprocess.run([sys.executable, "-c", SCRIPT, dump, flags, str(BLOCKS)],
+                       capture_output=True, text=True, env=env, timeout=300, check=False)
   assert out.returncode == 0, out.stderr[-2000:]
   lines = out.stdout.strip().splitlines()
   assert [float(v) for v in lines[0].split()] == [64.0 * 64, 256.0 * 256]  # tanh(32) = 1
   modules = json.loads(lines[-1])
-  assert len(modules) == 2, modules
-  # The larger module first; both are product_sum's (tf.function names them after it).
-  assert all("product_sum" in m["module"] for m in modules), modules
-  return {256: modules[0], 64: modules[1]}
+  assert len(modules) == 4, [m["module"] for m in modules]
+  products = [m for m in modules if "product_sum" in m["module"]]  # the larger first
+  got = {256: products[0], 64: products[1]}
+  for kind in ("plain", "recompute"):
+    got[kind], = [m for m in modules if "chain_" + kind in m["module"]]
+  return got
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +88,8 @@ def memory(tmp_path_factory):
 
 
 def test_parsed_bytes_are_the_functions_buffers_and_grow_with_the_tensor(memory):
-  for n, m in memory.items():
+  for n in (64, 256):
+    m = memory[n]
     assert m["parameter_bytes"] == 4 * n * 32  # x, float32
     assert m["output_bytes"] == 4  # the scalar sum
     assert 4 * n * n <= m["temp_bytes"] <= 3 * 4 * n * n  # the [n, n] product (and its tanh)
@@ -77,7 +109,23 @@ def test_llvm_flags_leave_the_buffer_assignment_alone(memory, tmp_path):
   fast = compiled_memory(tmp_path, xla_memory.FAST_LLVM)
   keys = ["total_bytes"] + [k + "_bytes" for k in xla_memory.KINDS]
   for n in memory:
-    assert {k: fast[n][k] for k in keys} == {k: memory[n][k] for k in keys}
+    assert {k: fast[n][k] for k in keys} == {k: memory[n][k] for k in keys}, n
+
+
+def test_a_recomputation_xla_keeps_shows_in_the_bytes_and_the_dots(memory):
+  """tf.recompute_grad's chain: fewer temporary bytes than the plain chain's (its activations
+  are not all kept for the backward pass), and each block's forward matmuls run again (two more
+  dots per block after XLA's passes); the same parameters and outputs."""
+  plain, recompute = memory["plain"], memory["recompute"]
+  activation = 1024 * 128 * 4
+  assert recompute["temp_bytes"] <= plain["temp_bytes"] - BLOCKS * activation
+  assert recompute["hlo_dots_after"] == plain["hlo_dots_after"] + 2 * BLOCKS
+  # 2 forward and 4 backward matmuls per block, less the first block's gradient of x (unused)
+  assert plain["hlo_dots_after"] == 6 * BLOCKS - 1
+  weights = BLOCKS * 128 * 128 * 4
+  assert recompute["parameter_bytes"] == plain["parameter_bytes"] == weights + activation  # x
+  # The weights' gradients and the output tuple (a pointer to each).
+  assert recompute["output_bytes"] == plain["output_bytes"] == weights + 8 * BLOCKS
 
 
 ASSIGNMENT = """BufferAssignment:
