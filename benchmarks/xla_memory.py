@@ -161,6 +161,18 @@ def xla_worker(model, overrides, length, vocab, steps, threads, keep_dump=False,
   os.environ["XLA_FLAGS"] = " ".join(x for x in (
       os.environ.get("XLA_FLAGS", ""), "" if full_compile else FAST_LLVM,
       "--xla_dump_to=%s --xla_dump_hlo_as_text" % dump) if x)
+  try:
+    record = measure_step(model, overrides, length, vocab, steps, threads, gradients_only, dump)
+  finally:
+    if not keep_dump:
+      shutil.rmtree(dump, ignore_errors=True)
+  if keep_dump:
+    record["dump_dir"] = dump
+  return record
+
+
+def measure_step(model, overrides, length, vocab, steps, threads, gradients_only, dump):
+  """xla_worker's measurement, XLA dumping to `dump`."""
   import numpy as np  # pylint: disable=g-import-not-at-top
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   common.start("xla_memory_worker", length=length)
@@ -220,11 +232,6 @@ def xla_worker(model, overrides, length, vocab, steps, threads, keep_dump=False,
   except (tf.errors.OpError, ValueError) as e:
     record.update(status="failed", error=str(e).strip().splitlines()[0][:600])
     return record
-  finally:
-    if keep_dump:
-      record["dump_dir"] = dump
-    else:
-      shutil.rmtree(dump, ignore_errors=True)
   record.update(modules[0], status="ok", modules=len(modules),
                 peak_rss_mb=common.peak_rss_mb())
   return record
