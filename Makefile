@@ -4,7 +4,7 @@ PYTEST_ARGS ?=
 # Options for the bench-* targets' scripts, e.g. make bench-train BENCH_ARGS="--steps 3".
 BENCH_ARGS ?=
 
-.PHONY: soak setup test test-research bench-attention bench-train bench-memory bench-profile bench-decode bench-quality bench-peers bench-matmul bench-fused-geglu demo demo-long-range books clean
+.PHONY: soak setup test test-research bench-attention bench-train bench-memory bench-xla-memory bench-profile bench-decode bench-quality bench-peers bench-matmul bench-fused-geglu demo demo-long-range books clean
 
 setup:
 	@bash scripts/setup.sh
@@ -60,6 +60,11 @@ bench-train: setup
 # bench-8k memory / utilisation variants and the longest trainable length, one process each.
 bench-memory: setup
 	$(PY) benchmarks/train_memory.py $(BENCH_ARGS)
+
+# bench-8k's training step compiled by XLA, each memory switch's bytes in XLA's buffer assignment
+# (beside bench-memory's peak RSS), one process each.
+bench-xla-memory: setup
+	$(PY) benchmarks/xla_memory.py $(BENCH_ARGS)
 
 # Not part of CI: PyTorch routing-transformer in its own venv (benchmarks/.venv-peers) vs ours.
 bench-peers: setup

@@ -14,10 +14,12 @@ tokens/s) / that rate is read against the same machine in the same run.
 
 Part "8k" (bench-8k: length 8192, batch 1, vocab --vocab, the models of
 benchmarks/train_step.py, the whole T2T training step with Adafactor): the configurations of
-CONFIGS (--configs picks some), each --warmup warm-up steps (the first included) and --steps
-timed steps (median); the new options: logits_chunk_size=--chunk; recompute_layers;
-activation_dtype=bfloat16 (the *_bf16 configurations: peak RSS against their float32 twins; the
-machine record says whether the CPU has AVX512_BF16, without which bfloat16 matmuls are slow).
+CONFIGS (--configs picks some; benchmarks/xla_memory.py compiles the same ones with XLA), each
+--warmup warm-up steps (the first included) and --steps timed steps (median); the memory
+switches: logits_chunk_size=--chunk; recompute_layers; recompute_attention (with
+recompute_keep_heads / recompute_keep_qkv); ffn_rebuild_linear; activation_dtype=bfloat16 (the
+*_bf16 configurations: peak RSS against their float32 twins; the machine record says whether
+the CPU has AVX512_BF16, without which bfloat16 matmuls are slow).
 
 Part "lengths": for each model of --models (routing: 6 local + 2 routing heads, clusters of 512,
 length / 512 of them; local: 8 local heads; full: 8 heads of dense causal attention), without
@@ -54,6 +56,18 @@ CONFIGS = {  # name -> (train_step.py model, hparams overrides; "chunk" = logits
     "routing_recompute_chunked": ("routing", {"recompute_layers": True,
                                               "logits_chunk_size": "chunk"}),
     "routing_attention_recompute": ("routing", {"recompute_attention": True}),
+    "routing_recompute_chunked_attention": ("routing", {"recompute_layers": True,
+                                                        "logits_chunk_size": "chunk",
+                                                        "recompute_attention": True}),
+    "routing_recompute_chunked_attention_keep": ("routing", {"recompute_layers": True,
+                                                             "logits_chunk_size": "chunk",
+                                                             "recompute_attention": True,
+                                                             "recompute_keep_heads": True}),
+    "routing_recompute_chunked_attention_qkv": ("routing", {"recompute_layers": True,
+                                                            "logits_chunk_size": "chunk",
+                                                            "recompute_attention": True,
+                                                            "recompute_keep_qkv": True}),
+    "routing_rebuild_linear": ("routing", {"ffn_rebuild_linear": True}),
     "routing_causal_window": ("routing_causal_window", {}),
     "local": ("local", {}),
     "local_recompute": ("local", {"recompute_layers": True}),
