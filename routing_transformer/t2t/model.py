@@ -31,6 +31,7 @@ compat.patch_tensor2tensor()
 from tensor2tensor.layers import common_attention
 from tensor2tensor.layers import common_layers
 from tensor2tensor.layers import modalities
+from tensor2tensor.utils import beam_search
 from tensor2tensor.utils import quantization
 from tensor2tensor.utils import registry
 from tensor2tensor.utils import t2t_model
@@ -621,7 +622,7 @@ class RoutingTransformer(t2t_model.T2TModel):
     from routing_transformer.core import decoding  # pylint: disable=g-import-not-at-top
     check_hparams(self.hparams)
     return decoding.infer(self, features, decode_length, beam_size=beam_size,
-                          top_beams=top_beams, alpha=alpha)
+                          top_beams=top_beams, alpha=alpha, beam_search=beam_search.beam_search)
 
   @staticmethod
   def train_hooks(hook_context):
