@@ -24,7 +24,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
-import routing_transformer  # noqa: F401  (TF aliases for mesh_tensorflow)
+from routing_transformer.t2t import patches  # noqa: E402
+
+patches.install(["tf_aliases"])  # mesh_tensorflow imports what TF 2.14 dropped
 import mesh_tensorflow as mtf
 import tensorflow.compat.v1 as tf
 

@@ -16,7 +16,7 @@ import functools
 import tensorflow as tf
 
 from routing_transformer.t2t import checkpoint_files
-from routing_transformer.t2t import compat
+from routing_transformer.t2t import patches
 from routing_transformer.core import chunked_loss
 from routing_transformer.core import health
 from routing_transformer.core import kmeans
@@ -25,7 +25,8 @@ from routing_transformer.core import norm
 from routing_transformer.core import rebuild
 from routing_transformer.core import recompute
 
-compat.patch_tensor2tensor()
+# T2T cannot build or train the model on TF 2.15 without these fixes (and the non-finite guard).
+patches.install(patches.MODEL_FIXES)
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
 from tensor2tensor.layers import common_attention
@@ -626,16 +627,20 @@ class RoutingTransformer(t2t_model.T2TModel):
 
   @staticmethod
   def train_hooks(hook_context):
-    """Dead-cluster warnings every `dead_cluster_check_steps` steps (health.DeadClusterHook)."""
-    every = hook_context.hparams.get("dead_cluster_check_steps", 1000)
-    return [health.DeadClusterHook(every)] if every else []
+    """The non-finite guard's stop after a non-finite step (health.NonFiniteHook) and dead-cluster
+    warnings every `dead_cluster_check_steps` steps (health.DeadClusterHook)."""
+    hooks = [health.NonFiniteHook()] if hook_context.hparams.nan_guard else []
+    every = hook_context.hparams.dead_cluster_check_steps
+    return hooks + ([health.DeadClusterHook(every)] if every else [])
 
   def optimize(self, loss, num_async_replicas=1, use_tpu=False, variables=None):
-    """T2T's optimizer, with the non-finite guard of `health` unless nan_guard=False or TPU."""
-    if use_tpu or not self.hparams.get("nan_guard", True):
+    """T2T's optimizer, with the non-finite guard of `health` unless nan_guard=False or TPU:
+    a step with a non-finite loss, gradient or centroid applies nothing (decided on the device);
+    `train_hooks`' NonFiniteHook then stops training."""
+    if use_tpu or not self.hparams.nan_guard:
       return super().optimize(loss, num_async_replicas, use_tpu, variables)
     centroids = [v for v in tf1.global_variables() if v.op.name.endswith("/means")]
-    with health.guarding(loss, centroids):
+    with patches.guarding(loss, centroids):
       return super().optimize(loss, num_async_replicas, use_tpu, variables)
 
   def model_fn_sharded(self, sharded_features):

@@ -12,14 +12,12 @@ length; they are padded with 0 (= padding, excluded from the loss) to the static
 [batch, length] the mesh needs. Use `use_fixed_batch_size=True` (the project's mtf sets do) so
 T2T batches exactly `batch_size` sequences.
 """
-import sys
-
 import mesh_tensorflow as mtf
 import tensorflow.compat.v1 as tf
 
-from routing_transformer.t2t import compat
+from routing_transformer.t2t import patches
 
-compat.patch_tensor2tensor()
+patches.install(patches.MODEL_FIXES)  # T2T's estimator and optimizers on TF 2.15
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
 from tensor2tensor.utils import hparams_lib
@@ -174,34 +172,3 @@ class RoutingTransformerMtf(t2t_model.T2TModel):
     return tf.estimator.EstimatorSpec(mode, loss=tf_loss, eval_metric_ops=eval_metrics,
                                       evaluation_hooks=[restore_hook],
                                       predictions={"predictions": tf_logits})
-
-
-def guard_create_hparams():
-  """Makes t2t-trainer stop at once, with one line naming the fix, on hparams or layouts
-  routing_transformer_mtf cannot run (wraps trainer_lib.create_hparams once)."""
-  from absl import flags  # pylint: disable=g-import-not-at-top
-  from tensor2tensor.utils import trainer_lib  # pylint: disable=g-import-not-at-top
-  original = trainer_lib.create_hparams
-  if getattr(original, "_mtf_guard", False):
-    return
-
-  def create_hparams(*args, **kwargs):
-    hparams = original(*args, **kwargs)
-    try:
-      model = flags.FLAGS.model
-    except (AttributeError, flags.UnparsedFlagAccessError):
-      model = None
-    if model == MODEL_NAME:
-      from routing_transformer.t2t import model as tf_model  # pylint: disable=g-import-not-at-top
-      try:
-        vocab = None
-        if hasattr(hparams, "problem_hparams"):
-          vocab = hparams.problem_hparams.vocab_size.get("targets")
-        mtf_model.check_mtf_hparams(hparams, vocab)
-        tf_model.check_hparams(hparams)
-      except (mtf_model.MtfHParamsError, tf_model.HParamsError) as e:
-        sys.exit("error: --model=%s: %s" % (MODEL_NAME, e))
-    return hparams
-
-  create_hparams._mtf_guard = True  # pylint: disable=protected-access
-  trainer_lib.create_hparams = create_hparams
