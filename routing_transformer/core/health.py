@@ -22,8 +22,8 @@ COLLECTION = "routing_transformer_nonfinite_guard"  # the GuardRecords of a grap
 
 
 class NonFiniteTraining(RuntimeError):
-  """A training step met a non-finite loss, gradient or centroid and applied nothing."""
-  one_line = True
+  """A training step met a non-finite loss, gradient or centroid and applied nothing (the T2T
+  binaries print it as one line with the fix: `t2t.glue.non_finite_message`)."""
 
 
 GuardRecord = collections.namedtuple("GuardRecord", "status names num_gradients")

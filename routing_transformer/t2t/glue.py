@@ -9,6 +9,7 @@ import sys
 from absl import flags
 
 OUR_MODELS = ("routing_transformer", "sparse_transformer")
+MTF_MODEL = "routing_transformer_mtf"
 
 
 def model_flag():

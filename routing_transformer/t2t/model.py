@@ -626,6 +626,16 @@ class RoutingTransformer(t2t_model.T2TModel):
                           top_beams=top_beams, alpha=alpha, beam_search=beam_search.beam_search)
 
   @staticmethod
+  def hparams_error(hparams):
+    """What `check_hparams` finds wrong with `hparams` (one line), or None (the binaries stop
+    with it where they make the hparams: `t2t.patches`)."""
+    try:
+      check_hparams(hparams)
+    except HParamsError as e:
+      return str(e)
+    return None
+
+  @staticmethod
   def train_hooks(hook_context):
     """The non-finite guard's stop after a non-finite step (health.NonFiniteHook) and dead-cluster
     warnings every `dead_cluster_check_steps` steps (health.DeadClusterHook)."""

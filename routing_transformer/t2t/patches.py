@@ -190,7 +190,6 @@ def create_hparams_checks():
   from tensor2tensor.utils import registry  # pylint: disable=g-import-not-at-top
   from tensor2tensor.utils import trainer_lib  # pylint: disable=g-import-not-at-top
   from routing_transformer.t2t import glue  # pylint: disable=g-import-not-at-top
-  from routing_transformer.t2t import model as model_lib  # pylint: disable=g-import-not-at-top
   original = trainer_lib.create_hparams
 
   def create_hparams(hparams_set, *args, **kwargs):
@@ -202,11 +201,9 @@ def create_hparams_checks():
                "%s, cifar10_routing_h*_l*_w* (all: t2t-trainer --registry_help)." % (
                    hparams_set, glue.model_flag(), ", ".join(sets)))
     hparams = original(hparams_set, *args, **kwargs)
-    if ours:
-      try:
-        model_lib.check_hparams(hparams)
-      except model_lib.HParamsError as e:
-        sys.exit("error: --hparams_set=%s: %s" % (hparams_set, e))
+    problem = registry.model(glue.model_flag()).hparams_error(hparams) if ours else None
+    if problem:
+      sys.exit("error: --hparams_set=%s: %s" % (hparams_set, problem))
     return hparams
 
   trainer_lib.create_hparams = create_hparams
@@ -215,24 +212,17 @@ def create_hparams_checks():
 @patch("routing_transformer_mtf's hparams and layout must be checked where t2t-trainer makes "
        "them (a layout the mesh cannot split fails deep inside the Estimator otherwise)")
 def mtf_create_hparams_checks():
+  from tensor2tensor.utils import registry  # pylint: disable=g-import-not-at-top
   from tensor2tensor.utils import trainer_lib  # pylint: disable=g-import-not-at-top
   from routing_transformer.t2t import glue  # pylint: disable=g-import-not-at-top
-  from routing_transformer.t2t import model as tf_model  # pylint: disable=g-import-not-at-top
-  from routing_transformer.t2t.mtf import estimator  # pylint: disable=g-import-not-at-top
-  from routing_transformer.t2t.mtf import model as mtf_model  # pylint: disable=g-import-not-at-top
   original = trainer_lib.create_hparams
 
   def create_hparams(*args, **kwargs):
     hparams = original(*args, **kwargs)
-    if glue.model_flag() == estimator.MODEL_NAME:
-      try:
-        vocab = None
-        if hasattr(hparams, "problem_hparams"):
-          vocab = hparams.problem_hparams.vocab_size.get("targets")
-        mtf_model.check_mtf_hparams(hparams, vocab)
-        tf_model.check_hparams(hparams)
-      except (mtf_model.MtfHParamsError, tf_model.HParamsError) as e:
-        sys.exit("error: --model=%s: %s" % (estimator.MODEL_NAME, e))
+    if glue.model_flag() == glue.MTF_MODEL:
+      problem = registry.model(glue.MTF_MODEL).hparams_error(hparams)
+      if problem:
+        sys.exit("error: --model=%s: %s" % (glue.MTF_MODEL, problem))
     return hparams
 
   trainer_lib.create_hparams = create_hparams

@@ -15,6 +15,7 @@ T2T batches exactly `batch_size` sequences.
 import mesh_tensorflow as mtf
 import tensorflow.compat.v1 as tf
 
+from routing_transformer.t2t import glue
 from routing_transformer.t2t import patches
 
 patches.install(patches.MODEL_FIXES)  # T2T's estimator and optimizers on TF 2.15
@@ -29,7 +30,7 @@ from tensor2tensor.utils import t2t_model
 from routing_transformer.t2t.mtf import model as mtf_model
 # pylint: enable=g-import-not-at-top,wrong-import-position
 
-MODEL_NAME = "routing_transformer_mtf"
+MODEL_NAME = glue.MTF_MODEL
 
 
 def make_mesh_impl(mesh_shape, layout_rules, use_tpu=False, params=None, devices=None):
@@ -98,6 +99,21 @@ def saver_hooks(lowering, hparams, config):
 @registry.register_model(MODEL_NAME)
 class RoutingTransformerMtf(t2t_model.T2TModel):
   """Routing Transformer LM in Mesh-TensorFlow (model-parallel over hparams mesh_shape/layout)."""
+
+  @staticmethod
+  def hparams_error(hparams):
+    """What the Mesh-TF and the model checks find wrong with `hparams` (one line), or None (the
+    binaries stop with it where they make the hparams: `t2t.patches`)."""
+    from routing_transformer.t2t import model as tf_model  # pylint: disable=g-import-not-at-top
+    try:
+      vocab = None
+      if hasattr(hparams, "problem_hparams"):
+        vocab = hparams.problem_hparams.vocab_size.get("targets")
+      mtf_model.check_mtf_hparams(hparams, vocab)
+      tf_model.check_hparams(hparams)
+    except (mtf_model.MtfHParamsError, tf_model.HParamsError) as e:
+      return str(e)
+    return None
 
   @classmethod
   def estimator_model_fn(cls, hparams, features, labels, mode, config=None, params=None,
