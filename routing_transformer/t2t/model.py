@@ -120,15 +120,16 @@ def activation_dtype(hparams):
 
 
 def pad_to_length(ids, length, name):
-  """Pads int ids [b, n] with 0 to exactly `length` (static); fails if n > length."""
+  """Pads int ids [b, n] with 0 to exactly `length` (static); fails if n > length: at graph build
+  for a static n, else in the step (InvalidArgumentError of an op named after the fix), with no
+  host op (tf.ensure_shape, not an Assert: the training step stays on the device)."""
+  if ids.shape[1] is not None and ids.shape[1] > length:
+    raise ValueError("%s longer than the model's static length %d (%d); raise max_length/"
+                     "max_target_length or shorten the examples" % (name, length, ids.shape[1]))
   n = tf.shape(ids)[1]
-  check = tf.debugging.assert_less_equal(
-      n, length, message="%s longer than the model's static length %d; raise max_length/"
-      "max_target_length or shorten the examples" % (name, length))
-  with tf.control_dependencies([check]):
-    padded = tf.pad(ids, [[0, 0], [0, length - n]])
-  padded.set_shape([ids.shape[0], length])
-  return padded
+  padded = tf.pad(ids, [[0, 0], [0, tf.maximum(length - n, 0)]])
+  return tf.ensure_shape(padded, [ids.shape[0], length], name=(
+      "%s_longer_than_the_static_length_%d_raise_max_length_or_max_target_length" % (name, length)))
 
 
 def cross_replica_sum(counts, sums):

@@ -45,20 +45,23 @@ def make_mesh_impl(mesh_shape, layout_rules, use_tpu=False, params=None, devices
 
 
 def pad_targets(targets, batch, length):
-  """int targets [b, n(, 1, 1)] -> [batch, length] padded with 0 (checks b <= batch, n <= length)."""
+  """int targets [b, n(, 1, 1)] -> [batch, length] padded with 0; b > batch or n > length fails
+  (at graph build when static, else in the step: an EnsureShape named after the fix, no host op)."""
   targets = tf.cast(targets, tf.int32)
   shape = tf.shape(targets)
   targets = tf.reshape(targets, shape[:2])
-  checks = [
-      tf.debugging.assert_less_equal(shape[0], batch, message=(
-          "routing_transformer_mtf: batch larger than the mesh batch %d; set "
-          "use_fixed_batch_size=True and batch_size=%d (sequences)" % (batch, batch))),
-      tf.debugging.assert_less_equal(shape[1], length, message=(
-          "routing_transformer_mtf: targets longer than max_target_length=%d" % length))]
-  with tf.control_dependencies(checks):
-    padded = tf.pad(targets, [[0, batch - shape[0]], [0, length - shape[1]]])
-  padded.set_shape([batch, length])
-  return padded
+  static = targets.shape.as_list()
+  if static[0] is not None and static[0] > batch:
+    raise ValueError("routing_transformer_mtf: batch %d larger than the mesh batch %d; set "
+                     "use_fixed_batch_size=True and batch_size=%d (sequences)" % (
+                         static[0], batch, batch))
+  if static[1] is not None and static[1] > length:
+    raise ValueError("routing_transformer_mtf: targets longer than max_target_length=%d" % length)
+  padded = tf.pad(targets, [[0, tf.maximum(batch - shape[0], 0)],
+                            [0, tf.maximum(length - shape[1], 0)]])
+  return tf.ensure_shape(padded, [batch, length], name=(
+      "batch_at_most_%d_use_fixed_batch_size_and_targets_at_most_max_target_length_%d" % (
+          batch, length)))
 
 
 def make_optimizer(hparams, lr):
