@@ -132,3 +132,17 @@ def test_reseeding_model_trains_a_step(monkeypatch):
       means = [v for v in tf.global_variables() if v.op.name.endswith("/means")]
       assert means and all(np.all(np.isfinite(m)) for m in sess.run(means))
   assert calls["n"] > 0  # the hparam reached the centroid update
+
+
+@pytest.mark.parametrize("overrides,hooks", [
+    ("", ["NonFiniteHook", "DeadClusterHook"]),
+    ("nan_guard=False,dead_cluster_check_steps=0", []),
+])
+def test_t2t_training_gets_the_stop_hook(overrides, hooks):
+  """What t2t-trainer adds to the Estimator's training hooks (T2TModel.get_train_hooks)."""
+  import types  # pylint: disable=g-import-not-at-top
+  from tensor2tensor.utils import t2t_model  # pylint: disable=g-import-not-at-top
+  hp = trainer_lib.create_hparams("routing_transformer_test", overrides)
+  got = t2t_model.T2TModel.get_train_hooks("routing_transformer",
+                                           types.SimpleNamespace(hparams=hp))
+  assert [type(h).__name__ for h in got] == hooks
