@@ -77,7 +77,8 @@ def main(argv=None):
   cfg = dict(PG19_LOCAL_CLUSTER8K, length=args.length)
   print("pg19_local_cluster8k, one sequence of %d tokens per device, vocab %d (%s parameters), "
         "logits_chunk_size %d, recompute_attention %s%s%s" % (
-            cfg["length"], args.vocab, "{:,}".format(cost.step_memory(cfg, args.vocab)["parameters"]),
+            cfg["length"], args.vocab,
+            "{:,}".format(cost.step_memory(cfg, args.vocab)["parameters"]),
             args.logits_chunk_size, args.recompute_attention,
             ", recompute_keep_" + args.recompute_keep if args.recompute_keep else "",
             ", ffn_rebuild_linear" if args.ffn_rebuild_linear else ""))

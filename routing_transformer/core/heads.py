@@ -180,8 +180,9 @@ def local_heads_attention(q, k, v, config, causal=True, padding=None, tables=(No
 
   def local(q, k, v, rel_k, rel_v, pad):
     return _attend(
-        attention.local_attention, q, k, v, config.block_length, config.flange, causal=causal, relative_keys=rel_k,
-        relative_values=rel_v, padding=pad, scale=1.0, dropout_rate=dropout_rate)
+        attention.local_attention, q, k, v, config.block_length, config.flange, causal=causal,
+        relative_keys=rel_k, relative_values=rel_v, padding=pad, scale=1.0,
+        dropout_rate=dropout_rate)
 
   if not config.recompute_attention:
     return local(q, k, v, rel_k, rel_v, pad)

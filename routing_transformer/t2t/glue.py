@@ -1,6 +1,7 @@
 """Helpers of the stock T2T binaries' glue (`patches`): one-line messages for their errors and
-the Python excepthook that prints them, prompts of --decode_from_file, CPU placement without a
-GPU. Patches nothing of T2T itself (`patches` does, with these helpers).
+the Python excepthook that prints them (`install_error_hook`, also used by rt-evaluate), prompts
+of --decode_from_file, CPU placement without a GPU. Changes nothing of T2T or TF itself
+(`patches` does, with these helpers).
 """
 import os
 import re

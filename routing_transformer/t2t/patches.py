@@ -282,11 +282,13 @@ def decode_from_file_prompts():
       original(estimator, filename, hparams, decode_hp, decode_to_file, checkpoint_path)
     finally:
       decoding.log_decode_results = original_log
+    # pylint: disable=protected-access
     if decode_to_file:
-      path = decoding._add_shard_to_filename(decode_to_file, decode_hp)  # pylint: disable=protected-access
+      path = decoding._add_shard_to_filename(decode_to_file, decode_hp)
     else:
-      path = decoding._decode_filename(  # pylint: disable=protected-access
-          decoding._add_shard_to_filename(filename, decode_hp), flags.FLAGS.problem, decode_hp)  # pylint: disable=protected-access
+      path = decoding._decode_filename(
+          decoding._add_shard_to_filename(filename, decode_hp), flags.FLAGS.problem, decode_hp)
+    # pylint: enable=protected-access
     glue.write_prompts_and_continuations(filename, path, decode_hp, continuations)
 
   decoding.decode_from_file = decode_from_file
@@ -338,7 +340,8 @@ def trainer_checkpoints():
   from routing_transformer.t2t import checkpoint_files  # pylint: disable=g-import-not-at-top
   from routing_transformer.t2t import glue  # pylint: disable=g-import-not-at-top
   from routing_transformer.t2t import reliability  # pylint: disable=g-import-not-at-top
-  original_config, original_experiment = trainer_lib.create_run_config, trainer_lib.create_experiment
+  original_config = trainer_lib.create_run_config
+  original_experiment = trainer_lib.create_experiment
   timed = {}
 
   def create_run_config(*args, **kwargs):
