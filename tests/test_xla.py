@@ -230,3 +230,31 @@ def test_mtf_targets_are_padded_on_the_device():
           sess.run(padded, {targets: np.ones(shape, np.int32)})
     with pytest.raises(ValueError, match="longer than max_target_length=5"):
       estimator.pad_targets(tf.ones([2, 6, 1, 1], tf.int32), 3, 5)
+
+
+def test_the_non_finite_guard_compiles_with_xla_and_skips_the_step_on_the_device():
+  """health.guarded_update inside one XLA computation: a finite step updates the variable and
+  the global step, a non-finite one neither; the status read after it names the step."""
+  with tf.Graph().as_default():
+    w = tf1.get_variable("w", initializer=tf.ones([3]), use_resource=True)
+    poison = tf1.placeholder_with_default(1.0, [])
+    step = tf1.train.get_or_create_global_step()
+
+    def computation(scale):
+      loss = tf.reduce_sum(w * w) * scale
+      grad = tf.gradients(loss, [w])[0]
+      update = health.guarded_update(
+          lambda: tf.group(w.assign_sub(0.1 * grad), step.assign_add(1)), loss, [(grad, w)],
+          [], step)
+      with tf.control_dependencies([update]):
+        return tf.identity(loss)
+
+    loss = tf1.xla.experimental.compile(computation, [poison])
+    with fast_session() as sess:
+      sess.run([tf1.global_variables_initializer(), tf1.local_variables_initializer()])
+      assert sess.run(loss) == [3.0] and health.failure(sess) is None
+      np.testing.assert_allclose(sess.run(w), [0.8] * 3)
+      assert np.isnan(sess.run(loss, {poison: np.nan})[0])
+      np.testing.assert_allclose(sess.run(w), [0.8] * 3)  # not applied
+      assert sess.run(step) == 1
+      assert health.failure(sess) == health.MARKER + ": step 1: non-finite loss"

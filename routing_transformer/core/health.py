@@ -67,8 +67,9 @@ def guarded_update(update, loss, grads_and_vars, centroids, step):
   pairs = [(g, v) for g, v in grads_and_vars if g is not None]
   names = ["loss"] + [v.op.name for _, v in pairs] + [c.op.name for c in centroids]
   centroids = [c.read_value() if hasattr(c, "read_value") else c for c in centroids]
-  record = tf.Variable(tf.zeros([2], tf.int64), trainable=False, name="nonfinite_status",
-                       collections=[tf.GraphKeys.LOCAL_VARIABLES], use_resource=True)
+  record = tf.Variable(lambda: tf.zeros([2], tf.int64), trainable=False,  # also inside XLA
+                       name="nonfinite_status", collections=[tf.GraphKeys.LOCAL_VARIABLES],
+                       use_resource=True)
   old = record.read_value()
   found = tf.stack([tf.cast(status(loss, [g for g, _ in pairs], centroids), tf.int64),
                     tf.cast(step, tf.int64)])
