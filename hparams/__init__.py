@@ -1,8 +1,4 @@
 """Hparams sets of the Routing Transformer; importing this package registers them with T2T."""
-from routing_transformer.t2t import compat
-
-compat.apply()
-
 # pylint: disable=g-import-not-at-top,wrong-import-position
 # T2T's own sets (basic_1, ...) register when common_hparams is first imported: before _BEFORE.
 from tensor2tensor.layers import common_hparams  # pylint: disable=unused-import

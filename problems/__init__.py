@@ -1,8 +1,4 @@
 """T2T problems of the Routing Transformer; importing this package registers them."""
-from routing_transformer.t2t import compat
-
-compat.apply()
-
 # pylint: disable=g-import-not-at-top,wrong-import-position
 from tensor2tensor.utils import registry
 

@@ -219,7 +219,7 @@ def main(argv=None):
     started = time.time()
     records = []
     with tf1.Session() as sess:
-      sess.run(tf1.global_variables_initializer())
+      sess.run([tf1.global_variables_initializer(), tf1.local_variables_initializer()])
       train_losses = []
       for step in range(1, args.steps + 1):
         batch, _ = samples(layout, 1000 * args.seed + step, args.sequences)

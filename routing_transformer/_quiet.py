@@ -1,5 +1,5 @@
 """Quiet start-up for this project's commands: the `rt-*` commands, `python -m
-routing_transformer...` (the tools, also by their old module paths) and `python -m
+routing_transformer...` (the tools) and `python -m
 problems.shakespeare`. Such a command prints only its own lines, an error first: TensorFlow's C++
 start-up lines (among them "E ... Unable to register cuDNN/cuFFT/cuBLAS factory"), google.api_core's
 Python-version FutureWarning, tensorflow-addons' end-of-life notice and TensorFlow's INFO and

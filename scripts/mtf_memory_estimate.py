@@ -12,7 +12,8 @@ mesh/layout, sums per-device slice sizes (Mesh-TF's own `slice_size` under the l
              elementwise ops, so a realistic estimate of activation memory
   all acts   every float tensor of the forward pass kept (no rematerialisation, no fusion):
              an upper bound
-  total      params + grads + optimizer + saved
+  total      params + grads + optimizer + saved (`routing_transformer.core.cost.step_total`,
+             as the TF model's arithmetic estimate scripts/memory_estimate.py adds up)
 
 Usage: .venv/bin/python scripts/mtf_memory_estimate.py [--hparams_set=...] [--vocab=32768]
 """
@@ -24,9 +25,13 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
-import routing_transformer  # noqa: F401  (TF aliases for mesh_tensorflow)
+from routing_transformer.t2t import patches  # noqa: E402
+
+patches.install(["tf_aliases"])  # mesh_tensorflow imports what TF 2.14 dropped
 import mesh_tensorflow as mtf
 import tensorflow.compat.v1 as tf
+
+from routing_transformer.core import cost
 
 # (model-parallel ways, mesh_shape, layout, note)
 MESHES = [
@@ -38,7 +43,7 @@ MESHES = [
     (32, "batch:4;model:8", "batch:batch;heads:model;d_ff:model;vocab:model",
      "32 cores as 4 x 8-way model parallel, 4 sequences (1 per model group)"),
 ]
-GIB = 2.0 ** 30
+GIB = cost.GIB
 
 
 def build(hparams, vocab):
@@ -75,7 +80,7 @@ def per_device_bytes(graph, forward, mesh_shape, layout):
               if not isinstance(t.operation, mtf.Variable) and t.dtype.is_floating}
   saved = sum(size(t) for t in operands)
   return dict(params=params, optimizer=state, grads=params, acts=acts, saved=saved,
-              total=2 * params + state + saved)
+              total=cost.step_total(params, state, saved))
 
 
 def main():

@@ -54,7 +54,7 @@ if [ -e "$VENV/pyvenv.cfg" ] || [ -e "$VENV/bin/python" ]; then
 fi
 want=$(cat requirements.txt requirements-dev.txt constraints.txt constraints-build.txt pyproject.toml scripts/setup.sh | sha256sum | cut -d' ' -f1)
 
-if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && "$VENV/bin/python" -c "import routing_transformer, tensor2tensor, gym, mesh_tensorflow, xdist" 2>/dev/null; then
+if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && "$VENV/bin/python" -c "import routing_transformer, t2t_usr_dir, tensor2tensor, gym, mesh_tensorflow, xdist" 2>/dev/null; then
   echo "setup: $VENV is up to date"
   exit 0
 fi

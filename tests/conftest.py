@@ -50,7 +50,7 @@ FIRST = (
     "test_health.py", "test_step_memory.py", "test_mtf_model.py", "test_problems.py",
     "test_keras.py",
     "test_recompute.py", "test_causal_window.py", "test_analysis.py", "test_books.py",
-    "test_probes.py", "test_decoding.py", "test_scoring.py", "test_compat.py",
+    "test_probes.py", "test_decoding.py", "test_scoring.py", "test_patches.py",
 )
 LAST = ("test_usr_dirs.py", "test_placement.py", "test_memory_estimate.py", "test_progress.py")
 

@@ -59,6 +59,7 @@ def test_recorded_probabilities_reproduce_the_attention_outputs(rng, routing_mod
   """probs @ v equals every head's real output; the pattern obeys causality and locality."""
   from routing_transformer.core import layers  # pylint: disable=g-import-not-at-top
   from routing_transformer.core import attention  # pylint: disable=g-import-not-at-top
+  from routing_transformer.core import heads  # pylint: disable=g-import-not-at-top
   n = 64
   records = []
   original_layer = layers.self_attention
@@ -71,8 +72,9 @@ def test_recorded_probabilities_reproduce_the_attention_outputs(rng, routing_mod
       sess.run(tf1.global_variables_initializer())
       fetched = sess.run([{k: v for k, v in r.items() if tf.is_tensor(v)} for r in records])
   assert [r["kind"] for r in records] == ["routing", "local"]
-  assert layers.self_attention is original_layer  # restored after the block
+  assert layers.self_attention is original_layer  # nothing patched: the heads are observed
   assert all(getattr(attention, name) is f for name, f in originals.items())
+  assert not heads._OBSERVERS  # pylint: disable=protected-access
   for record, values in zip(records, fetched):
     probs = values["probs"]
     np.testing.assert_allclose(probs @ values["values"], values["output"], rtol=1e-4, atol=1e-5)

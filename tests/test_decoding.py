@@ -13,12 +13,14 @@ from routing_transformer.core.attention import common
 from routing_transformer.core.attention import incremental
 from routing_transformer.core.attention import routing
 from tensor2tensor.data_generators import problem_hparams
+from tensor2tensor.utils import beam_search
 import oracles
 from test_cached_attention import qkv, tables
 from test_model import VOCAB, small_hparams
 
 tf1 = tf.compat.v1
 EVAL = tf.estimator.ModeKeys.EVAL
+SEARCH = beam_search.beam_search  # the T2T model's search (the core takes it as an argument)
 
 
 def prefix_rule_patch(monkeypatch):
@@ -189,7 +191,8 @@ def test_beam_search_forces_the_prompt_and_beats_greedy(rng):
   with tf.Graph().as_default():
     tf1.set_random_seed(5)
     model = make_model(hparams)
-    beam = decoding.beam_decode(model, {"inputs": tf.constant(prompt)}, 5, beam_size=4)
+    beam = decoding.beam_decode(model, {"inputs": tf.constant(prompt)}, 5, beam_size=4,
+                                beam_search=SEARCH)
     greedy = decoding.sample_loop(model, {"inputs": tf.constant(prompt)}, 5, return_logits=True)
     beam, greedy = session_run([beam, greedy])
   assert beam["outputs"].shape == (2, 5)
@@ -217,9 +220,9 @@ def test_beam_search_gives_each_prompt_what_it_gives_it_alone(rng, heads, alpha)
     tf1.set_random_seed(7)
     model = make_model(small_hparams(**heads))
     together = decoding.beam_decode(model, {"inputs": tf.constant(batch)}, 6, beam_size=4,
-                                    alpha=alpha)
+                                    alpha=alpha, beam_search=SEARCH)
     alone = [decoding.beam_decode(model, {"inputs": tf.constant(p[None])}, 6, beam_size=4,
-                                  alpha=alpha) for p in prompts]
+                                  alpha=alpha, beam_search=SEARCH) for p in prompts]
     together, alone = session_run([together, alone])
   for row in range(3):
     np.testing.assert_array_equal(together["outputs"][row], alone[row]["outputs"][0])

@@ -11,7 +11,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-import routing_transformer  # pylint: disable=unused-import
+from routing_transformer.t2t import patches
+
+patches.install(["tf_aliases"])  # mesh_tensorflow imports what TF 2.14 dropped
 import mesh_tensorflow as mtf  # pylint: disable=g-import-not-at-top,wrong-import-order
 
 tf1 = tf.compat.v1

@@ -96,7 +96,8 @@ def train(legacy, batches, initial=None):
              "kmeans": [(s.km.means, s.km.ema_count, s.km.ema_means) for s in steps]}
     variables = tf1.global_variables()
     with tf1.Session() as sess:
-      sess.run(tf1.global_variables_initializer())
+      sess.run([tf1.global_variables_initializer(),
+                tf1.local_variables_initializer()])  # and the non-finite guard's status
       if initial is None:
         initial = {v.op.name: value for v, value in zip(variables, sess.run(variables))}
       assert sorted(initial) == sorted(v.op.name for v in variables)

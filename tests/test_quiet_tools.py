@@ -22,7 +22,7 @@ NOISE = ("cuDNN", "cuFFT", "cuBLAS", "TensorRT", "oneDNN", "This TensorFlow bina
 
 @pytest.mark.parametrize("orig_argv,argv0,expected", [
     (["python", "-m", "routing_transformer.tools.score", "--help"], "-m", True),
-    (["python", "-u", "-W", "ignore", "-m", "routing_transformer.score"], "-m", True),  # old path
+    (["python", "-u", "-W", "ignore", "-m", "routing_transformer.tools.evaluate"], "-m", True),
     (["python", "-mrouting_transformer.tools.probes"], "-m", True),
     (["python", "-m", "problems.shakespeare", "--out_dir=x"], "-m", True),  # rt-books
     (["/v/bin/python", "/v/bin/rt-score", "--help"], "/v/bin/rt-score", True),
@@ -31,7 +31,7 @@ NOISE = ("cuDNN", "cuFFT", "cuBLAS", "TensorRT", "oneDNN", "This TensorFlow bina
     (["/v/bin/python", "/v/bin/t2t-trainer", "--problem=p"], "/v/bin/t2t-trainer", False),
     (["python", "-c", "import routing_transformer", "-m", "routing_transformer.x"], "-c", False),
     (["python", "train.py", "-m", "routing_transformer.tools.score"], "train.py", False),
-], ids=["module", "options_old_path", "attached_m", "books_module", "rt_score", "rt_books",
+], ids=["module", "options", "attached_m", "books_module", "rt_score", "rt_books",
         "pytest", "t2t_trainer", "program", "script"])
 def test_only_the_projects_commands_are_quieted(orig_argv, argv0, expected):
   assert _quiet.is_command(argv0, orig_argv) == expected

@@ -14,7 +14,6 @@ import tensorflow as tf
 from routing_transformer.core import layers
 from routing_transformer.core import sampling
 from routing_transformer.core.attention import common
-from tensor2tensor.utils import beam_search
 
 tf1 = tf.compat.v1
 
@@ -274,8 +273,12 @@ def sample_loop(model, features, decode_length, temperature=0.0, top_k=-1, top_p
   return result
 
 
-def beam_decode(model, features, decode_length, beam_size, top_beams=1, alpha=0.0):
-  """Beam search (T2T's beam_search) over the cached decoder; prompts are forced tokens.
+def beam_decode(model, features, decode_length, beam_size, top_beams=1, alpha=0.0,
+                beam_search=None):
+  """Beam search over the cached decoder; prompts are forced tokens.
+
+  `beam_search` is the search: a function with the signature and results of Tensor2Tensor's
+  `beam_search.beam_search` (the T2T model passes that one; the core does not import T2T).
 
   Each row's hypotheses end with a forced EOS right after its decode_length tokens, so they are
   ranked at that length whatever the other rows' prompts (T2T's search otherwise runs every row
@@ -320,7 +323,10 @@ def beam_decode(model, features, decode_length, beam_size, top_beams=1, alpha=0.
     states = dict(states, caches=caches)
     return logits, states
 
-  ids, scores, _ = beam_search.beam_search(
+  if beam_search is None:
+    raise DecodeError("beam_decode needs beam_search= (e.g. Tensor2Tensor's "
+                      "tensor2tensor.utils.beam_search.beam_search).")
+  ids, scores, _ = beam_search(
       symbols_to_logits, tf.zeros([batch], tf.int32), beam_size, steps, vocab, alpha,
       states=states, eos_id=EOS_ID, stop_early=True)
   tokens = ids[:, :, 1:]  # [b, beam, T]: targets at positions 0..T-1
@@ -332,8 +338,9 @@ def beam_decode(model, features, decode_length, beam_size, top_beams=1, alpha=0.
   return {"outputs": tf.stack(outputs, axis=1), "scores": scores[:, :top_beams]}
 
 
-def infer(model, features, decode_length, beam_size=1, top_beams=1, alpha=0.0):
-  """T2TModel.infer for routing_transformer: sampling/greedy (beam_size 1) or beam search."""
+def infer(model, features, decode_length, beam_size=1, top_beams=1, alpha=0.0, beam_search=None):
+  """T2TModel.infer for routing_transformer: sampling/greedy (beam_size 1) or beam search with
+  `beam_search` (see `beam_decode`)."""
   decode_hparams = getattr(model, "_decode_hparams", None)
   check_cached_decoding(model.hparams)
   if "inputs" not in features and "targets" not in features:
@@ -341,7 +348,7 @@ def infer(model, features, decode_length, beam_size=1, top_beams=1, alpha=0.0):
     # T2T's predict spec shows features["targets"] as the input: give it an empty prefix.
     features["targets"] = tf.zeros([batch_size_of(features, None), 0, 1, 1], tf.int32)
   if beam_size > 1:
-    return beam_decode(model, features, decode_length, beam_size, top_beams, alpha)
+    return beam_decode(model, features, decode_length, beam_size, top_beams, alpha, beam_search)
   temperature, top_k, top_p = sampling_settings(model.hparams, decode_hparams)
   result = sample_loop(model, features, decode_length, temperature, top_k, top_p)
   return {"outputs": result["outputs"], "scores": None}

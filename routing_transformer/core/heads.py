@@ -7,6 +7,7 @@ whole sequences and (with `cache`) one cached decoding step. Does not import Ten
 Shapes: x [b, n, h * d]; heads [b, h, n, d].
 """
 import collections
+import contextlib
 
 import tensorflow as tf
 
@@ -28,6 +29,43 @@ legacy_causal_key_routing, routing_padding_as_original (default False), recomput
 attention and the routing heads' top-k cluster attention are recomputed there): as the hparams of
 the same names.
 """
+
+
+_OBSERVERS = []  # the active attention observers (`observing`)
+_LAYER = []  # the index of the layer whose heads attend (`in_layer`)
+
+
+@contextlib.contextmanager
+def observing(observer):
+  """While active, every attention call of the heads over whole sequences (not the cached
+  decoding steps) also calls `observer(function, args, kwargs, result, layer)`: the attention
+  function called (`attention.routing_attention`, `causal_window_attention` or
+  `local_attention`), its arguments and result, and the layer index `in_layer` set (or None).
+  The observer may call `function` itself, e.g. with other values (`tools.analysis` records each
+  head's dense attention so)."""
+  _OBSERVERS.append(observer)
+  try:
+    yield observer
+  finally:
+    _OBSERVERS.remove(observer)
+
+
+@contextlib.contextmanager
+def in_layer(index):
+  """Marks the attention calls inside as layer `index`'s, for the observers (`observing`)."""
+  _LAYER.append(index)
+  try:
+    yield
+  finally:
+    _LAYER.pop()
+
+
+def _attend(function, *args, **kwargs):
+  """function(*args, **kwargs), shown to the active observers."""
+  result = function(*args, **kwargs)
+  for observer in list(_OBSERVERS):
+    observer(function, args, kwargs, result, _LAYER[-1] if _LAYER else None)
+  return result
 
 
 def _dims(x):
@@ -100,14 +138,15 @@ def routing_heads_attention(q, k, v, means, config, causal=True, padding=None,
   if config.routing_padding_as_original:
     options["padding_as_original"] = True
   if causal and config.routing_mode == "causal_window":  # not recomputed
-    return attention.causal_window_attention(
-        q, k, v, means, config.window, share_qk=config.share_qk, padding=padding,
-        relative_keys=rel_k, relative_values=rel_v, **options)
+    return _attend(attention.causal_window_attention, q, k, v, means, config.window,
+                   share_qk=config.share_qk, padding=padding, relative_keys=rel_k,
+                   relative_values=rel_v, **options)
   if config.recompute_attention:
     options["recompute"] = True
-  return attention.routing_attention(
-      q, k, v, means, config.window, causal=causal, share_qk=config.share_qk, padding=padding,
-      relative_keys=rel_k, relative_values=rel_v, random_routing=config.random_routing,
+  return _attend(
+      attention.routing_attention, q, k, v, means, config.window, causal=causal,
+      share_qk=config.share_qk, padding=padding, relative_keys=rel_k, relative_values=rel_v,
+      random_routing=config.random_routing,
       legacy_causal_key_routing=config.legacy_causal_key_routing, **options)
 
 
@@ -140,9 +179,10 @@ def local_heads_attention(q, k, v, config, causal=True, padding=None, tables=(No
   pad = None if causal else padding
 
   def local(q, k, v, rel_k, rel_v, pad):
-    return attention.local_attention(
-        q, k, v, config.block_length, config.flange, causal=causal, relative_keys=rel_k,
-        relative_values=rel_v, padding=pad, scale=1.0, dropout_rate=dropout_rate)
+    return _attend(
+        attention.local_attention, q, k, v, config.block_length, config.flange, causal=causal,
+        relative_keys=rel_k, relative_values=rel_v, padding=pad, scale=1.0,
+        dropout_rate=dropout_rate)
 
   if not config.recompute_attention:
     return local(q, k, v, rel_k, rel_v, pad)

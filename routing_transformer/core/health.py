@@ -1,82 +1,121 @@
 """Numerical health of training: stop at the first non-finite loss, gradient or centroid.
 
-`guarding(...)` (used by `RoutingTransformer.optimize`) makes T2T's optimizer check, before it
-applies a step, that the loss, every gradient and every routing centroid are finite. If not, the
-step fails with `NonFiniteTraining: step N: non-finite <loss | gradients (first: <variable>) |
-centroids (first: <variable>)>`: the variables are not updated by that step, the Estimator stops
-without writing a checkpoint, and the T2T binaries print that line (`t2t_glue`) instead of a
-traceback, so the last checkpoint on disk is the last healthy one. On TPU (XLA) the check is
-skipped (Assert does not compile there). hparams `nan_guard` (default True) switches it.
+The check decides on the device, with no host op in the training step (it compiles with XLA):
+`guarded_update(...)` computes one int `status` from the loss, every gradient and every routing
+centroid (0: all finite, else the first non-finite one in that order), stores it with the global
+step in a local status variable, and applies the update only when the status is 0 (`tf.cond`
+between the update and a no-op). The status is sticky: after a non-finite step no later step of
+the session applies anything. After the step, on the host, `NonFiniteHook` reads the status and
+stops training with `NonFiniteTraining: step N: non-finite <loss | gradients (first: <variable>)
+| centroids (first: <variable>)>` (the name comes from the index, host-side): the variables are
+not updated by that step, the Estimator stops without writing a checkpoint, and the T2T binaries
+print that line (`t2t.glue`) instead of a traceback, so the last checkpoint on disk is the last
+healthy one. hparams `nan_guard` (default True) switches it; the T2T model applies it through
+T2T's optimizer (`routing_transformer.t2t.patches`).
 """
-import contextlib
+import collections
 
 import tensorflow.compat.v1 as tf
 
 MARKER = "NonFiniteTraining"
-_ACTIVE = []  # stack of (loss, centroid variables) set by `guarding`
+COLLECTION = "routing_transformer_nonfinite_guard"  # the GuardRecords of a graph
 
 
-def _first_bad(tensors, names):
-  """(all finite: bool scalar, name of the first non-finite tensor: string scalar)."""
-  flags = tf.stack([tf.reduce_all(tf.math.is_finite(t)) for t in tensors])
-  first = tf.argmin(tf.cast(flags, tf.int32))
-  return tf.reduce_all(flags), tf.gather(tf.constant(names), first)
+class NonFiniteTraining(RuntimeError):
+  """A training step met a non-finite loss, gradient or centroid and applied nothing (the T2T
+  binaries print it as one line with the fix: `t2t.glue.non_finite_message`)."""
 
 
-def check(loss, grads_and_vars, centroids, step):
-  """Assert op: loss, gradients and centroids finite, else one MARKER message naming the first
-  non-finite family (in that order) and, for gradients and centroids, the first variable."""
-  loss_ok = tf.reduce_all(tf.math.is_finite(loss))
-  pairs = [(g, v) for g, v in grads_and_vars if g is not None]
-  grads = [tf.convert_to_tensor(g) for g, _ in pairs]
-  grads_ok, bad_grad = _first_bad(grads, [v.op.name for _, v in pairs])
-  if centroids:
-    cents_ok, bad_cent = _first_bad([c.read_value() if hasattr(c, "read_value") else c
-                                     for c in centroids], [c.op.name for c in centroids])
+GuardRecord = collections.namedtuple("GuardRecord", "status names num_gradients")
+GuardRecord.__doc__ = """One guarded update: `status` the local int64 variable [2] (status,
+global step), `names` the checked tensors' names (index status - 1: "loss", the gradients'
+variables, then the centroids), `num_gradients` how many of them are gradients."""
+
+
+def all_finite(tensor):
+  """bool scalar: every value of a tensor (or an IndexedSlices' values) is finite."""
+  values = getattr(tensor, "values", tensor)  # IndexedSlices: only the rows it holds
+  return tf.reduce_all(tf.math.is_finite(tf.convert_to_tensor(values)))
+
+
+def status(loss, gradients, centroids):
+  """int32 scalar: 0 when the loss, the gradients and the centroids are all finite, else
+  1 + the index of the first non-finite one in [loss] + gradients + centroids."""
+  flags = tf.stack([all_finite(t) for t in [loss] + list(gradients) + list(centroids)])
+  bad = tf.logical_not(flags)
+  first = tf.cast(tf.argmax(tf.cast(bad, tf.int32)), tf.int32)
+  return tf.where(tf.reduce_any(bad), first + 1, 0)
+
+
+def message(code, step, names, num_gradients):
+  """The one-line MARKER message of a non-zero status `code` at global step `step`."""
+  index = int(code) - 1
+  if index == 0:
+    family = "loss"
+  elif index <= num_gradients:
+    family = "gradients (first: %s)" % names[index]
   else:
-    cents_ok, bad_cent = tf.constant(True), tf.constant("")
-  family = tf.case([(tf.logical_not(loss_ok), lambda: tf.constant("loss")),
-                    (tf.logical_not(grads_ok), lambda: tf.strings.join(
-                        ["gradients (first: ", bad_grad, ")"]))],
-                   default=lambda: tf.strings.join(["centroids (first: ", bad_cent, ")"]))
-  message = tf.strings.join([MARKER + ": step ", tf.strings.as_string(step), ": non-finite ",
-                             family])
-  return tf.debugging.Assert(loss_ok & grads_ok & cents_ok, [message], summarize=1)
+    family = "centroids (first: %s)" % names[index]
+  return "%s: step %d: non-finite %s" % (MARKER, int(step), family)
 
 
-@contextlib.contextmanager
-def guarding(loss, centroids):
-  """While active, T2T's ConditionalOptimizer.apply_gradients checks `check(...)` first."""
-  install()
-  _ACTIVE.append((loss, list(centroids)))
-  try:
-    yield
-  finally:
-    _ACTIVE.pop()
+def guarded_update(update, loss, grads_and_vars, centroids, step):
+  """Applies `update()` (a function building the update op) only when the loss, the gradients
+  of grads_and_vars and the centroids are finite, decided on the device; returns the op.
+
+  Registers a GuardRecord in the graph's COLLECTION for `NonFiniteHook` / `failure`."""
+  pairs = [(g, v) for g, v in grads_and_vars if g is not None]
+  names = ["loss"] + [v.op.name for _, v in pairs] + [c.op.name for c in centroids]
+  centroids = [c.read_value() if hasattr(c, "read_value") else c for c in centroids]
+  record = tf.Variable(lambda: tf.zeros([2], tf.int64), trainable=False,  # also inside XLA
+                       name="nonfinite_status", collections=[tf.GraphKeys.LOCAL_VARIABLES],
+                       use_resource=True)
+  old = record.read_value()
+  found = tf.stack([tf.cast(status(loss, [g for g, _ in pairs], centroids), tf.int64),
+                    tf.cast(step, tf.int64)])
+  new = tf.where(tf.equal(old[0], 0), found, old)  # sticky: the first failure stays
+  with tf.control_dependencies([record.assign(new)]):
+    ok = tf.equal(tf.identity(new[0]), 0)
+
+  def apply():
+    with tf.control_dependencies([update()]):
+      return tf.constant(True)
+
+  applied = tf.cond(ok, apply, lambda: tf.constant(False), name="nonfinite_guard")
+  tf.add_to_collection(COLLECTION, GuardRecord(record, names, len(pairs)))
+  return tf.group(applied)
 
 
-def install():
-  """Wraps tensor2tensor's ConditionalOptimizer.apply_gradients once (idempotent)."""
-  from tensor2tensor.utils import optimize  # pylint: disable=g-import-not-at-top
-  original = optimize.ConditionalOptimizer.apply_gradients
-  if getattr(original, "_health_guard", False):
-    return
+def failure(session, graph=None):
+  """The MARKER message of the first guard of `graph` (default: the session's) whose status
+  shows a non-finite step, or None; reads the status variables (one small session run)."""
+  records = (graph or session.graph).get_collection(COLLECTION)
+  if not records:
+    return None
+  values = session.run([r.status for r in records])
+  for record, (code, step) in zip(records, values):
+    if code:
+      return message(code, step, record.names, record.num_gradients)
+  return None
 
-  def apply_gradients(self, grads_and_vars, global_step=None, name=None):
-    if _ACTIVE:
-      grads_and_vars = list(grads_and_vars)
-      loss, centroids = _ACTIVE[-1]
-      assertion = check(loss, grads_and_vars, centroids, tf.train.get_or_create_global_step())
-      with tf.control_dependencies([assertion]):
-        grads_and_vars = [(None if g is None else tf.identity(g), v) for g, v in grads_and_vars]
-    return original(self, grads_and_vars, global_step=global_step, name=name)
 
-  apply_gradients._health_guard = True  # pylint: disable=protected-access
-  optimize.ConditionalOptimizer.apply_gradients = apply_gradients
+class NonFiniteHook(tf.train.SessionRunHook):
+  """After every step, stops training with NonFiniteTraining when a guarded update of the graph
+  met a non-finite value (`failure`); does nothing in a graph without one."""
+
+  def begin(self):
+    self.records = tf.get_collection(COLLECTION)
+
+  def after_run(self, run_context, run_values):
+    del run_values
+    if self.records:
+      found = failure(run_context.session)
+      if found:
+        raise NonFiniteTraining(found)
 
 
 def one_line(error):
-  """The MARKER message of a TF error raised by `check`, or None."""
+  """The MARKER message of an error raised for a non-finite step, or None."""
   text = str(getattr(error, "message", error))
   start = text.find(MARKER)
   if start < 0:

@@ -287,9 +287,10 @@ def self_attention(x, hparams, layer_index, padding=None, causal=True, train=Fal
   if num_local:
     local_tables = local_variables(hparams, layer_index)
   config = head_config(hparams, length if cache is None else None)  # decoding: N positions
-  out, aux = heads.kind_heads(routing_qkv, local_qkv, config, causal, padding, means,
-                              routing_tables, local_tables, options,
-                              attention_dropout_rate(hparams, train), cache, position)
+  with heads.in_layer(layer_index):
+    out, aux = heads.kind_heads(routing_qkv, local_qkv, config, causal, padding, means,
+                                routing_tables, local_tables, options,
+                                attention_dropout_rate(hparams, train), cache, position)
   if aux is not None:
     x_hats, clusters = kmeans.routed_vectors(aux, hparams.share_qk)
     loss = km.loss(aux["commitment_loss"], x_hats, clusters, aux["weights"])
@@ -374,12 +375,14 @@ def encdec_attention(x, memory, hparams, memory_padding, position=None, train=Fa
 
 
 def gelu(x):
-  """T2T's common_layers.gelu (the tanh approximation), the same ops."""
-  return x * (0.5 * (1.0 + tf.tanh((math.sqrt(2 / math.pi) * (x + 0.044715 * tf.pow(x, 3))))))
+  """GELU's tanh approximation (Hendrycks & Gimpel 2016), op for op as Tensor2Tensor's
+  `common_layers.gelu`, which the original release's GEGLU used: the same values, bit for bit."""
+  cdf = 0.5 * (1.0 + tf.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * tf.pow(x, 3))))
+  return x * cdf
 
 
 def geglu_hidden(a, b):
-  """gelu(a) * b (T2T's tanh approximation of gelu)."""
+  """gelu(a) * b (`gelu`: the tanh approximation)."""
   return gelu(a) * b
 
 

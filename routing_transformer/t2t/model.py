@@ -16,7 +16,7 @@ import functools
 import tensorflow as tf
 
 from routing_transformer.t2t import checkpoint_files
-from routing_transformer.t2t import compat
+from routing_transformer.t2t import patches
 from routing_transformer.core import chunked_loss
 from routing_transformer.core import health
 from routing_transformer.core import kmeans
@@ -25,12 +25,14 @@ from routing_transformer.core import norm
 from routing_transformer.core import rebuild
 from routing_transformer.core import recompute
 
-compat.patch_tensor2tensor()
+# T2T cannot build or train the model on TF 2.15 without these fixes (and the non-finite guard).
+patches.install(patches.MODEL_FIXES)
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
 from tensor2tensor.layers import common_attention
 from tensor2tensor.layers import common_layers
 from tensor2tensor.layers import modalities
+from tensor2tensor.utils import beam_search
 from tensor2tensor.utils import quantization
 from tensor2tensor.utils import registry
 from tensor2tensor.utils import t2t_model
@@ -118,15 +120,16 @@ def activation_dtype(hparams):
 
 
 def pad_to_length(ids, length, name):
-  """Pads int ids [b, n] with 0 to exactly `length` (static); fails if n > length."""
+  """Pads int ids [b, n] with 0 to exactly `length` (static); fails if n > length: at graph build
+  for a static n, else in the step (InvalidArgumentError of an op named after the fix), with no
+  host op (tf.ensure_shape, not an Assert: the training step stays on the device)."""
+  if ids.shape[1] is not None and ids.shape[1] > length:
+    raise ValueError("%s longer than the model's static length %d (%d); raise max_length/"
+                     "max_target_length or shorten the examples" % (name, length, ids.shape[1]))
   n = tf.shape(ids)[1]
-  check = tf.debugging.assert_less_equal(
-      n, length, message="%s longer than the model's static length %d; raise max_length/"
-      "max_target_length or shorten the examples" % (name, length))
-  with tf.control_dependencies([check]):
-    padded = tf.pad(ids, [[0, 0], [0, length - n]])
-  padded.set_shape([ids.shape[0], length])
-  return padded
+  padded = tf.pad(ids, [[0, 0], [0, tf.maximum(length - n, 0)]])
+  return tf.ensure_shape(padded, [ids.shape[0], length], name=(
+      "%s_longer_than_the_static_length_%d_raise_max_length_or_max_target_length" % (name, length)))
 
 
 def cross_replica_sum(counts, sums):
@@ -649,20 +652,34 @@ class RoutingTransformer(t2t_model.T2TModel):
     from routing_transformer.core import decoding  # pylint: disable=g-import-not-at-top
     check_hparams(self.hparams)
     return decoding.infer(self, features, decode_length, beam_size=beam_size,
-                          top_beams=top_beams, alpha=alpha)
+                          top_beams=top_beams, alpha=alpha, beam_search=beam_search.beam_search)
+
+  @staticmethod
+  def hparams_error(hparams):
+    """What `check_hparams` finds wrong with `hparams` (one line), or None (the binaries stop
+    with it where they make the hparams: `t2t.patches`)."""
+    try:
+      check_hparams(hparams)
+    except HParamsError as e:
+      return str(e)
+    return None
 
   @staticmethod
   def train_hooks(hook_context):
-    """Dead-cluster warnings every `dead_cluster_check_steps` steps (health.DeadClusterHook)."""
-    every = hook_context.hparams.get("dead_cluster_check_steps", 1000)
-    return [health.DeadClusterHook(every)] if every else []
+    """The non-finite guard's stop after a non-finite step (health.NonFiniteHook) and dead-cluster
+    warnings every `dead_cluster_check_steps` steps (health.DeadClusterHook)."""
+    hooks = [health.NonFiniteHook()] if hook_context.hparams.nan_guard else []
+    every = hook_context.hparams.dead_cluster_check_steps
+    return hooks + ([health.DeadClusterHook(every)] if every else [])
 
   def optimize(self, loss, num_async_replicas=1, use_tpu=False, variables=None):
-    """T2T's optimizer, with the non-finite guard of `health` unless nan_guard=False or TPU."""
-    if use_tpu or not self.hparams.get("nan_guard", True):
+    """T2T's optimizer, with the non-finite guard of `health` unless nan_guard=False or TPU:
+    a step with a non-finite loss, gradient or centroid applies nothing (decided on the device);
+    `train_hooks`' NonFiniteHook then stops training."""
+    if use_tpu or not self.hparams.nan_guard:
       return super().optimize(loss, num_async_replicas, use_tpu, variables)
     centroids = [v for v in tf1.global_variables() if v.op.name.endswith("/means")]
-    with health.guarding(loss, centroids):
+    with patches.guarding(loss, centroids):
       return super().optimize(loss, num_async_replicas, use_tpu, variables)
 
   def model_fn_sharded(self, sharded_features):

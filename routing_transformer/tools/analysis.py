@@ -192,8 +192,8 @@ def cluster_colours(record, n, sequence=0, head=0):
 def recording_attention(records):
   """Records, for every self-attention layer the model builds, the dense attention of its heads.
 
-  Patches `layers.self_attention` (to know the layer) and the pure attention functions as
-  `layers` calls them; appends to `records` one dict per attention call:
+  Observes the heads' calls of the pure attention functions (`heads.observing`); appends to
+  `records` one dict per attention call of a layer:
     layer (int), kind ("local" | "routing"), probs [b, h, n, n] tensor (unnormalised for paper
     routing: divided by cluster count + 0.01), values and output [b, h, n, d] of the real call,
     and for routing query_clusters [b, h, n], query_indices [b, h, c, w] (paper routing only),
@@ -201,55 +201,30 @@ def recording_attention(records):
   """
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   from routing_transformer.core import attention  # pylint: disable=g-import-not-at-top
-  from routing_transformer.core import layers  # pylint: disable=g-import-not-at-top
-  originals = {name: getattr(attention, name) for name in (
-      "routing_attention", "causal_window_attention", "local_attention")}
-  original_layer = layers.self_attention
-  current = {}
+  from routing_transformer.core import heads  # pylint: disable=g-import-not-at-top
 
   def identity_values(v):
     n = v.shape[2]
     return tf.broadcast_to(tf.eye(n, dtype=v.dtype), tf.concat([tf.shape(v)[:2], [n, n]], 0))
 
-  def routed(name):
-    def fn(q, k, v, centroids, window, **kwargs):
-      result = originals[name](q, k, v, centroids, window, **kwargs)
-      if "layer" in current:
-        dense_kwargs = dict(kwargs, relative_values=None)
-        probs, aux = originals[name](q, k, identity_values(v), centroids, window, **dense_kwargs)
-        record = dict(current, kind="routing", probs=probs, query_clusters=aux["query_clusters"],
-                      centroids=tf.convert_to_tensor(centroids), values=v, output=result[0])
-        if "query_indices" in aux:
-          record["query_indices"] = aux["query_indices"]
-        records.append(record)
-      return result
-    return fn
+  def observe(function, args, kwargs, result, layer):
+    if layer is None:
+      return
+    q, k, v = args[:3]
+    dense_kwargs = dict(kwargs, relative_values=None)
+    if function is attention.local_attention:
+      probs = function(q, k, identity_values(v), *args[3:], **dense_kwargs)
+      records.append(dict(layer=layer, kind="local", probs=probs, values=v, output=result))
+      return
+    probs, aux = function(q, k, identity_values(v), *args[3:], **dense_kwargs)
+    record = dict(layer=layer, kind="routing", probs=probs, query_clusters=aux["query_clusters"],
+                  centroids=tf.convert_to_tensor(args[3]), values=v, output=result[0])
+    if "query_indices" in aux:
+      record["query_indices"] = aux["query_indices"]
+    records.append(record)
 
-  def local(q, k, v, block_length, flange, **kwargs):
-    result = originals["local_attention"](q, k, v, block_length, flange, **kwargs)
-    if "layer" in current:
-      probs = originals["local_attention"](q, k, identity_values(v), block_length, flange,
-                                           **dict(kwargs, relative_values=None))
-      records.append(dict(current, kind="local", probs=probs, values=v, output=result))
-    return result
-
-  def self_attention(x, hparams, layer_index, padding, causal=True, train=False):
-    current.update(layer=layer_index)
-    try:
-      return original_layer(x, hparams, layer_index, padding, causal=causal, train=train)
-    finally:
-      current.clear()
-
-  attention.routing_attention = routed("routing_attention")
-  attention.causal_window_attention = routed("causal_window_attention")
-  attention.local_attention = local
-  layers.self_attention = self_attention
-  try:
+  with heads.observing(observe):
     yield records
-  finally:
-    for name, fn in originals.items():
-      setattr(attention, name, fn)
-    layers.self_attention = original_layer
 
 
 def run_flags(checkpoint_dir):

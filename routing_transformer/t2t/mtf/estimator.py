@@ -12,14 +12,13 @@ length; they are padded with 0 (= padding, excluded from the loss) to the static
 [batch, length] the mesh needs. Use `use_fixed_batch_size=True` (the project's mtf sets do) so
 T2T batches exactly `batch_size` sequences.
 """
-import sys
-
 import mesh_tensorflow as mtf
 import tensorflow.compat.v1 as tf
 
-from routing_transformer.t2t import compat
+from routing_transformer.t2t import glue
+from routing_transformer.t2t import patches
 
-compat.patch_tensor2tensor()
+patches.install(patches.MODEL_FIXES)  # T2T's estimator and optimizers on TF 2.15
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
 from tensor2tensor.utils import hparams_lib
@@ -31,7 +30,7 @@ from tensor2tensor.utils import t2t_model
 from routing_transformer.t2t.mtf import model as mtf_model
 # pylint: enable=g-import-not-at-top,wrong-import-position
 
-MODEL_NAME = "routing_transformer_mtf"
+MODEL_NAME = glue.MTF_MODEL
 
 
 def make_mesh_impl(mesh_shape, layout_rules, use_tpu=False, params=None, devices=None):
@@ -46,20 +45,23 @@ def make_mesh_impl(mesh_shape, layout_rules, use_tpu=False, params=None, devices
 
 
 def pad_targets(targets, batch, length):
-  """int targets [b, n(, 1, 1)] -> [batch, length] padded with 0 (checks b <= batch, n <= length)."""
+  """int targets [b, n(, 1, 1)] -> [batch, length] padded with 0; b > batch or n > length fails
+  (at graph build when static, else in the step: an EnsureShape named after the fix, no host op)."""
   targets = tf.cast(targets, tf.int32)
   shape = tf.shape(targets)
   targets = tf.reshape(targets, shape[:2])
-  checks = [
-      tf.debugging.assert_less_equal(shape[0], batch, message=(
-          "routing_transformer_mtf: batch larger than the mesh batch %d; set "
-          "use_fixed_batch_size=True and batch_size=%d (sequences)" % (batch, batch))),
-      tf.debugging.assert_less_equal(shape[1], length, message=(
-          "routing_transformer_mtf: targets longer than max_target_length=%d" % length))]
-  with tf.control_dependencies(checks):
-    padded = tf.pad(targets, [[0, batch - shape[0]], [0, length - shape[1]]])
-  padded.set_shape([batch, length])
-  return padded
+  static = targets.shape.as_list()
+  if static[0] is not None and static[0] > batch:
+    raise ValueError("routing_transformer_mtf: batch %d larger than the mesh batch %d; set "
+                     "use_fixed_batch_size=True and batch_size=%d (sequences)" % (
+                         static[0], batch, batch))
+  if static[1] is not None and static[1] > length:
+    raise ValueError("routing_transformer_mtf: targets longer than max_target_length=%d" % length)
+  padded = tf.pad(targets, [[0, tf.maximum(batch - shape[0], 0)],
+                            [0, tf.maximum(length - shape[1], 0)]])
+  return tf.ensure_shape(padded, [batch, length], name=(
+      "batch_at_most_%d_use_fixed_batch_size_and_targets_at_most_max_target_length_%d" % (
+          batch, length)))
 
 
 def make_optimizer(hparams, lr):
@@ -100,6 +102,21 @@ def saver_hooks(lowering, hparams, config):
 @registry.register_model(MODEL_NAME)
 class RoutingTransformerMtf(t2t_model.T2TModel):
   """Routing Transformer LM in Mesh-TensorFlow (model-parallel over hparams mesh_shape/layout)."""
+
+  @staticmethod
+  def hparams_error(hparams):
+    """What the Mesh-TF and the model checks find wrong with `hparams` (one line), or None (the
+    binaries stop with it where they make the hparams: `t2t.patches`)."""
+    from routing_transformer.t2t import model as tf_model  # pylint: disable=g-import-not-at-top
+    try:
+      vocab = None
+      if hasattr(hparams, "problem_hparams"):
+        vocab = hparams.problem_hparams.vocab_size.get("targets")
+      mtf_model.check_mtf_hparams(hparams, vocab)
+      tf_model.check_hparams(hparams)
+    except (mtf_model.MtfHParamsError, tf_model.HParamsError) as e:
+      return str(e)
+    return None
 
   @classmethod
   def estimator_model_fn(cls, hparams, features, labels, mode, config=None, params=None,
@@ -174,34 +191,3 @@ class RoutingTransformerMtf(t2t_model.T2TModel):
     return tf.estimator.EstimatorSpec(mode, loss=tf_loss, eval_metric_ops=eval_metrics,
                                       evaluation_hooks=[restore_hook],
                                       predictions={"predictions": tf_logits})
-
-
-def guard_create_hparams():
-  """Makes t2t-trainer stop at once, with one line naming the fix, on hparams or layouts
-  routing_transformer_mtf cannot run (wraps trainer_lib.create_hparams once)."""
-  from absl import flags  # pylint: disable=g-import-not-at-top
-  from tensor2tensor.utils import trainer_lib  # pylint: disable=g-import-not-at-top
-  original = trainer_lib.create_hparams
-  if getattr(original, "_mtf_guard", False):
-    return
-
-  def create_hparams(*args, **kwargs):
-    hparams = original(*args, **kwargs)
-    try:
-      model = flags.FLAGS.model
-    except (AttributeError, flags.UnparsedFlagAccessError):
-      model = None
-    if model == MODEL_NAME:
-      from routing_transformer.t2t import model as tf_model  # pylint: disable=g-import-not-at-top
-      try:
-        vocab = None
-        if hasattr(hparams, "problem_hparams"):
-          vocab = hparams.problem_hparams.vocab_size.get("targets")
-        mtf_model.check_mtf_hparams(hparams, vocab)
-        tf_model.check_hparams(hparams)
-      except (mtf_model.MtfHParamsError, tf_model.HParamsError) as e:
-        sys.exit("error: --model=%s: %s" % (MODEL_NAME, e))
-    return hparams
-
-  create_hparams._mtf_guard = True  # pylint: disable=protected-access
-  trainer_lib.create_hparams = create_hparams
