@@ -46,7 +46,7 @@ def train_tf(hparams, steps=STEPS):
     _, losses = model({"targets": tf.constant(batch)})
     train_op = model.optimize(sum(losses[key] for key in sorted(losses)))
     with tf1.Session() as sess:
-      sess.run(tf1.global_variables_initializer())
+      sess.run([tf1.global_variables_initializer(), tf1.local_variables_initializer()])
       return [sess.run([losses["training"], train_op])[0] for _ in range(steps)]
 
 
@@ -86,7 +86,7 @@ def test_mesh_tf_memorises_a_fixed_batch():
     xent = lowering.export_to_tf_tensor(xent)
     train_op = estimator.train_step(lowering, ops, tf1.train.get_or_create_global_step())
     with tf1.Session() as sess:
-      sess.run(tf1.global_variables_initializer())
+      sess.run([tf1.global_variables_initializer(), tf1.local_variables_initializer()])
       sess.run(lowering.copy_masters_to_slices())
       losses = [sess.run([xent, train_op])[0] for _ in range(STEPS)]
   assert losses[0] > 3.0, losses[0]

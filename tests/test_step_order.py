@@ -69,7 +69,7 @@ def train(monkeypatch, hparams=None, steps=STEPS):
                "total": graph.get_tensor_by_name("total_loss:0"), "train": train_op}
     records = []
     with tf1.Session() as sess:
-      sess.run(tf1.global_variables_initializer())
+      sess.run([tf1.global_variables_initializer(), tf1.local_variables_initializer()])
       for batch in batches()[:steps]:
         before = sess.run(step)
         record = sess.run(fetches, {targets: batch})
@@ -106,7 +106,7 @@ def test_learning_rate_reads_the_step_before_the_update(two_runs):
     step = tf1.train.get_or_create_global_step()
     rate = t2t_lr.learning_rate_schedule(step_hparams())
     with tf1.Session() as sess:
-      sess.run(tf1.global_variables_initializer())
+      sess.run([tf1.global_variables_initializer(), tf1.local_variables_initializer()])
       want = []
       for s in range(STEPS):
         step.load(s, sess)
@@ -144,7 +144,7 @@ def test_cross_shard_optimizer_keeps_the_order(monkeypatch):
     wrapped = tf1.tpu.CrossShardOptimizer(opt)
     train_op = wrapped.apply_gradients(opt.compute_gradients(loss, [var]), global_step=step)
     with tf1.Session() as sess:
-      sess.run(tf1.global_variables_initializer())
+      sess.run([tf1.global_variables_initializer(), tf1.local_variables_initializer()])
       for s in range(5):
         got, _ = sess.run([decay, train_op])
         np.testing.assert_allclose(got, 1.0 - (s + 1.0) ** -0.8, rtol=1e-6, atol=0)
