@@ -114,6 +114,24 @@ def check_hparams(hparams, length=None):
     raise HParamsError("Inconsistent hparams for routing_transformer: " + "; ".join(problems))
 
 
+# Memory switches that order their recomputation by control dependencies, which XLA (the TPU
+# path) drops: XLA's buffer assignment of bench-8k's step with each of them on is the plain
+# step's (benchmarks/xla_memory.py at 1,024 tokens: recompute_layers and ffn_rebuild_linear
+# identical, recompute_attention 0.99, the three recomputations with chunked logits 1.02).
+XLA_INERT_SWITCHES = ("recompute_layers", "recompute_attention", "recompute_keep_heads",
+                      "recompute_keep_qkv", "ffn_rebuild_linear")
+
+
+def refuse_xla_inert_switches(hparams):
+  """HParamsError (one line) when a switch of XLA_INERT_SWITCHES is on for a TPU run."""
+  on = [name for name in XLA_INERT_SWITCHES if hparams.get(name, False)]
+  if on:
+    raise HParamsError(
+        "%s: save no memory on TPU: XLA drops the control dependencies their recomputation "
+        "relies on (benchmarks/xla_memory.py); unset them with --use_tpu (logits_chunk_size "
+        "and activation_dtype=bfloat16 remain)" % ", ".join("%s=True" % name for name in on))
+
+
 def activation_dtype(hparams):
   """tf.float32, or tf.bfloat16 with hparams.activation_dtype="bfloat16"."""
   return ACTIVATION_DTYPES[hparams.get("activation_dtype", "float32")]
@@ -675,7 +693,10 @@ class RoutingTransformer(t2t_model.T2TModel):
   def optimize(self, loss, num_async_replicas=1, use_tpu=False, variables=None):
     """T2T's optimizer, with the non-finite guard of `health` unless nan_guard=False or TPU:
     a step with a non-finite loss, gradient or centroid applies nothing (decided on the device);
-    `train_hooks`' NonFiniteHook then stops training."""
+    `train_hooks`' NonFiniteHook then stops training. With use_tpu, refuses the memory switches
+    that save nothing under XLA (`refuse_xla_inert_switches`)."""
+    if use_tpu:
+      refuse_xla_inert_switches(self.hparams)
     if use_tpu or not self.hparams.nan_guard:
       return super().optimize(loss, num_async_replicas, use_tpu, variables)
     centroids = [v for v in tf1.global_variables() if v.op.name.endswith("/means")]

@@ -1,0 +1,44 @@
+"""With --use_tpu (XLA) the model refuses, in one line, the memory switches that save nothing
+there: their recomputation is ordered by control dependencies, which XLA drops
+(benchmarks/xla_memory.py: the buffer assignment of the step with them equals the plain step's)."""
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import routing_transformer  # pylint: disable=unused-import
+from routing_transformer.t2t import model as model_lib
+from hparams import sets
+from tensor2tensor.data_generators import problem_hparams
+
+tf1 = tf.compat.v1
+VOCAB = 40
+
+
+def build_and_optimize(use_tpu, **switches):
+  hparams = sets.routing_transformer_test()
+  for name, value in switches.items():
+    setattr(hparams, name, value)
+  with tf.Graph().as_default():
+    model = model_lib.RoutingTransformer(
+        hparams, tf.estimator.ModeKeys.TRAIN,
+        problem_hparams.test_problem_hparams(VOCAB, VOCAB, hparams))
+    _, losses = model({"targets": tf.constant(np.ones((2, 64, 1, 1), np.int32))})
+    return model.optimize(sum(losses.values()), use_tpu=use_tpu)
+
+
+@pytest.mark.parametrize("switches", [
+    {"recompute_layers": True},
+    {"recompute_layers": True, "recompute_attention": True, "recompute_keep_qkv": True},
+    {"ffn_rebuild_linear": True},
+])
+def test_tpu_refuses_the_switches_xla_drops(switches):
+  with pytest.raises(model_lib.HParamsError) as error:
+    build_and_optimize(True, **switches)
+  message = str(error.value)
+  assert "\n" not in message and "save no memory on TPU" in message
+  for name in switches:
+    assert name + "=True" in message
+
+
+def test_the_same_switches_build_off_tpu():
+  assert build_and_optimize(False, recompute_layers=True) is not None
