@@ -4,7 +4,7 @@
 T2T 1.15.7's `ConditionalOptimizer.apply_gradients` on TF2 put `assign_add(global_step, 1)` in a
 control dependency of the update with no order against the reads of the learning-rate schedule
 and of Adafactor's decay rate: a step read its own number or the next as the threads ran
-(`compat._patch_step_order` restores TF1's order). Checked through the model's own training
+(`patches.step_order` restores TF1's order). Checked through the model's own training
 path (`T2TModel.optimize`: T2T's optimize_loss, ConditionalOptimizer, Adafactor), from step 0:
 - Adafactor's decay rate at every step is `1 - (step + 1)^-0.8` of the step's number before the
   update: exactly 0.0 at the first step (0.42565 when it read 1);
