@@ -1,19 +1,13 @@
 """The model's cost by arithmetic from its hparams (no TensorFlow): attention FLOPs and memory,
-the local heads' reach, and the memory of one training step per device.
+the local heads' reach, the memory of one training step per device (`step_memory`).
 
-Per head and decoder layer, n positions, d = hidden / heads:
-  local (blocked) head    n (b + m) logits              (block b = query_shape, flange m)
-  full head               n^2 logits                    (one block of n, no flange)
-  routing head, "topk"    k w^2 logits + n k scores     (k clusters, window w)
-  routing, causal_window  n 2w logits + n k scores
-FLOPs: 4 d per logit (q.k and the weighted sum of v) plus 2 d per centroid score; memory: the
-attention weights held per layer, in floats. Masked entries are counted.
-
-Training-step memory (`config`, `step_memory`): the variables, their gradients, Adafactor's slots,
-the k-means state and the forward tensors TF's own gradients read (scripts/memory_estimate.py
-prints it; scripts/mtf_memory_estimate.py adds Mesh-TF's sizes up with `step_total`).
+Per head and decoder layer, n positions, d = hidden / heads, masked entries counted: a local
+head n (b + m) logits (block b = query_shape, flange m; full: n^2), a routing head k w^2 logits
+(k clusters of window w; causal_window: n 2w) + n k centroid scores. FLOPs: 4 d per logit, 2 d
+per score; memory: the attention weights held per layer, in floats.
 """
 import collections
+import math
 
 Cost = collections.namedtuple("Cost", ["flops", "memory"])
 GIB = 2.0 ** 30
@@ -51,16 +45,14 @@ def layer_heads(hparams, layer):
 
 
 def attention_logits(length, block, flange, clusters, window, causal_window=False):
-  """(logits of a local head, logits of a routing head, centroid scores of a routing head)."""
+  """(local head logits, routing head logits, routing head centroid scores)."""
   routing = length * 2 * window if causal_window else clusters * window * window
   return length * (block + flange), routing, length * clusters
 
 
 def local_receptive_field(hparams, length=None, as_local=False):
-  """How far back a chain of non-routing heads reaches through the decoder: (b - 1) + L m, L the
-  layers with such heads (the first hop reaches the block start and its flange, each further
-  layer one flange more), at most n - 1. `as_local`: the reach of the model's local twin (every
-  layer local, its query_shape / memory_flange), the same for every model of a family."""
+  """How far back the non-routing heads reach through the decoder: (b - 1) + L m (L layers with
+  such heads), at most n - 1; `as_local`: that of the model's all-local twin."""
   n = length or length_of(hparams)
   block, flange = local_span(hparams, n, as_local)
   layers = range(hparams.num_decoder_layers)
@@ -102,9 +94,8 @@ def relative_to_full(hparams, length=None):
 
 # --- Memory of one training step per device (one sequence), from a `config` ---------------------
 
-# [n, filter] tensors the GEGLU block's plain ops keep for TF's gradients: x W1, x W2, tanh and the
-# cdf of gelu's tanh approximation, gelu(x W1) and the product read by W3 (`layers.gelu`; products
-# with constants keep nothing). dense_relu_dense keeps relu's output.
+# [n, filter] tensors TF's gradients of the FFN read: GEGLU x W1, x W2, gelu's tanh and cdf,
+# gelu(x W1), the product (`layers.gelu`); dense_relu_dense relu's output.
 FFN_KEPT = {"geglu": 6, "dense_relu_dense": 1}
 
 
@@ -165,26 +156,17 @@ def variable_shapes(cfg, vocab):
   return shapes
 
 
-def _size(shape):
-  n = 1
-  for s in shape:
-    n *= s
-  return n
-
-
 def adafactor_slot_elements(shape):
   """T2T Adafactor with beta1 = 0: vr [..., rows] + vc [..., cols] for rank >= 2, else v."""
   if len(shape) >= 2:
-    return _size(shape[:-1]) + _size(shape[:-2] + shape[-1:])
-  return _size(shape)
+    return math.prod(shape[:-1]) + math.prod(shape[:-2] + shape[-1:])
+  return math.prod(shape)
 
 
 def layer_activation_bytes(cfg, i, act, f32=4, recompute_attention=False):
-  """{component: bytes} decoder block i keeps for its backward pass (one sequence): the inputs
-  TF's gradients of its ops read. `act` bytes per activation (4, or 2 for bfloat16); attention
-  probabilities and the norms' inputs are float32. recompute_attention: the attention is re-run
-  from q, k, v, so no probabilities, q_hat or gathered clusters are kept. The local heads' key /
-  value memory blocks are never kept (`local.memory_product` rebuilds them)."""
+  """{component: bytes} decoder block i keeps for TF's gradients (one sequence), `act` bytes per
+  activation, probabilities and norm inputs float32. recompute_attention: no probabilities, q_hat
+  or gathered clusters (re-run from q, k, v). The local heads' memory blocks are rebuilt."""
   n, h, f = cfg["length"], cfg["hidden"], cfg["filter"]
   routing, local, d = config_heads(cfg, i)
   local_logits, routing_logits, _ = attention_logits(
@@ -206,9 +188,7 @@ def layer_activation_bytes(cfg, i, act, f32=4, recompute_attention=False):
 
 
 def outside_activation_bytes(cfg, vocab, act, f32=4, logits_chunk=0):
-  """{component: bytes} kept outside the blocks: the embeddings, the output projection's input
-  (and final_dense_1's when hidden != embedding), the logits and softmax of one chunk of
-  `logits_chunk` positions (0: all), float32."""
+  """{component: bytes} kept outside the blocks; logits of `logits_chunk` positions (0: all)."""
   n, e = cfg["length"], cfg["embedding"]
   rows = min(n, logits_chunk) if logits_chunk else n
   final_1 = n * cfg["hidden"] * act if cfg["hidden"] != e else 0
@@ -217,22 +197,21 @@ def outside_activation_bytes(cfg, vocab, act, f32=4, logits_chunk=0):
 
 
 def step_total(params, optimizer, activations):
-  """Bytes of a training step: the variables, one gradient each, the optimizer's and k-means'
-  state and the kept activations."""
+  """Bytes of a training step: variables, their gradients, optimizer state, activations."""
   return 2 * params + optimizer + activations
 
 
 def step_memory(cfg, vocab, recompute=False, bf16=False, logits_chunk=0,
                 recompute_attention=False):
-  """Bytes per device of one training step of one sequence: {params, grads, optimizer
-  (adafactor + kmeans), block_activations, outside_activations, activations, checkpoints,
-  one_layer, total, parameters (count)}. recompute (recompute_layers): every block keeps its
-  input (checkpoints) and the block being re-run all it keeps without recompute (one_layer)."""
+  """Bytes per device of a training step of one sequence: {params, grads, optimizer, adafactor,
+  kmeans, block_activations, outside_activations, activations, checkpoints, one_layer, total,
+  parameters (count)}. recompute (recompute_layers): each block keeps its input (checkpoints),
+  the block being re-run all it keeps without recompute (one_layer)."""
   act = 2 if bf16 else 4
   shapes = variable_shapes(cfg, vocab)
-  params = sum(_size(s) for _, s, trainable in shapes if trainable) * 4
+  params = sum(math.prod(s) for _, s, trainable in shapes if trainable) * 4
   slots = sum(adafactor_slot_elements(s) for _, s, trainable in shapes if trainable) * 4
-  kmeans = sum(_size(s) for _, s, trainable in shapes if not trainable) * 4
+  kmeans = sum(math.prod(s) for _, s, trainable in shapes if not trainable) * 4
   layers = [layer_activation_bytes(cfg, i, act, recompute_attention=recompute_attention)
             for i in range(cfg["layers"])]
   outside = sum(outside_activation_bytes(cfg, vocab, act, logits_chunk=logits_chunk).values())
