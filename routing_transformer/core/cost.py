@@ -25,17 +25,15 @@ def length_of(hparams):
 def local_span(hparams, length, as_local=False):
   """(block, flange) of the non-routing heads (as `layers.local_span`); `as_local`: those of
   the local heads even with `full_attention`."""
-  if _get(hparams, "full_attention", False) and not as_local:
-    return length, 0
-  return hparams.query_shape[0], hparams.memory_flange[0]
+  full = _get(hparams, "full_attention", False) and not as_local
+  return (length, 0) if full else (hparams.query_shape[0], hparams.memory_flange[0])
 
 
 def heads_of_layer(local, routing, skip_first, hidden, layer):
   """(routing heads, other heads, depth per head) of decoder layer `layer` (as
   `layers.head_counts`): the first `skip_first` layers' routing heads attend locally."""
-  heads = local + routing
-  routing = routing if layer >= skip_first else 0
-  return routing, heads - routing, hidden // heads
+  routing_here = routing if layer >= skip_first else 0
+  return routing_here, local + routing - routing_here, hidden // (local + routing)
 
 
 def layer_heads(hparams, layer):
@@ -57,9 +55,7 @@ def local_receptive_field(hparams, length=None, as_local=False):
   block, flange = local_span(hparams, n, as_local)
   layers = range(hparams.num_decoder_layers)
   num_local = len(layers) if as_local else sum(1 for i in layers if layer_heads(hparams, i)[1])
-  if not num_local:
-    return 0
-  return min(block - 1 + num_local * flange, n - 1)
+  return min(block - 1 + num_local * flange, n - 1) if num_local else 0
 
 
 def attention_cost(hparams, length=None):

@@ -36,14 +36,10 @@ def sampling_settings(hparams, decode_hparams=None):
   method = values["sampling_method"] or "argmax"
   if method not in ("argmax", "random"):
     raise DecodeError("sampling_method=%r: use 'argmax' (greedy) or 'random'." % method)
-  top_p = values["nucleus_sampling"]
-  top_p = 1.0 if top_p in (UNSET["nucleus_sampling"], None) else top_p
-  top_k = values["sampling_keep_top_k"]
-  top_k = -1 if top_k == UNSET["sampling_keep_top_k"] else top_k
-  temperature = values["sampling_temp"]
-  temperature = 1.0 if temperature == UNSET["sampling_temp"] else temperature
-  if method == "argmax":
-    temperature = 0.0
+  given = lambda name, default: default if values[name] == UNSET[name] else values[name]
+  top_p = 1.0 if values["nucleus_sampling"] is None else given("nucleus_sampling", 1.0)
+  top_k = given("sampling_keep_top_k", -1)
+  temperature = 0.0 if method == "argmax" else given("sampling_temp", 1.0)
   try:
     sampling.check_sampling(temperature, top_k, top_p)
   except ValueError as e:

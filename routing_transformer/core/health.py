@@ -36,19 +36,14 @@ def status(loss, gradients, centroids):
   [loss] + gradients + centroids."""
   flags = tf.stack([all_finite(t) for t in [loss] + list(gradients) + list(centroids)])
   bad = tf.logical_not(flags)
-  first = tf.cast(tf.argmax(tf.cast(bad, tf.int32)), tf.int32)
-  return tf.where(tf.reduce_any(bad), first + 1, 0)
+  return tf.where(tf.reduce_any(bad), tf.cast(tf.argmax(tf.cast(bad, tf.int32)), tf.int32) + 1, 0)
 
 
 def message(code, step, names, num_gradients):
   """The one-line MARKER message of a non-zero status `code` at global step `step`."""
   index = int(code) - 1
-  if index == 0:
-    family = "loss"
-  elif index <= num_gradients:
-    family = "gradients (first: %s)" % names[index]
-  else:
-    family = "centroids (first: %s)" % names[index]
+  family = "loss" if index == 0 else "%s (first: %s)" % (
+      "gradients" if index <= num_gradients else "centroids", names[index])
   return "%s: step %d: non-finite %s" % (MARKER, int(step), family)
 
 
@@ -108,9 +103,7 @@ def one_line(error):
   """The MARKER message of an error raised for a non-finite step, or None."""
   text = str(getattr(error, "message", error))
   start = text.find(MARKER)
-  if start < 0:
-    return None
-  return text[start:].split("]")[0].split("\n")[0].strip()
+  return None if start < 0 else text[start:].split("]")[0].split("\n")[0].strip()
 
 
 def dead_clusters(ema_count, fraction=None):

@@ -28,12 +28,9 @@ def local_attention_step(q, k_cache, v_cache, position, block_length, flange, ca
                          relative_keys=None, relative_values=None, padding=None, scale=None):
   """`local.local_attention` of the query q [b, h, 1, d] at `position` t over k_cache, v_cache
   [b, h, N, d] (written up to t) -> [b, h, 1, d]; padding: optional bool [b, N]."""
-  length = k_cache.shape[2]
-  depth = q.shape[-1]
-  scale = depth ** -0.5 if scale is None else scale
-  after = 0 if causal else flange
+  length, scale = k_cache.shape[2], q.shape[-1] ** -0.5 if scale is None else scale
   start = (position // block_length) * block_length - flange
-  keys = start + tf.range(flange + block_length + after)  # [W] key positions
+  keys = start + tf.range(flange + block_length + (0 if causal else flange))  # [W] positions
   allowed = tf.logical_and(keys >= 0, keys < length)
   if causal:
     allowed = tf.logical_and(allowed, keys <= position)
