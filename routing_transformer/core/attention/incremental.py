@@ -132,26 +132,20 @@ def causal_window_step(q_hat, k_hat, v, centroids, cache, relative_keys=None,
   [h, c, d], `cache` from `causal_window_cache` -> (output [b, h, 1, d], updated cache), in
   O(c d + w d)."""
   window = cache["keys"].shape[3]
-  cluster = kmeans.assignments(routing.centroid_scores(q_hat, tf.stop_gradient(centroids)))
-  cluster = cluster[:, :, 0]  # [b, h]
+  cluster = kmeans.assignments(
+      routing.centroid_scores(q_hat, tf.stop_gradient(centroids)))[:, :, 0]  # [b, h]
   ordinal = tf.gather(cache["counts"], cluster, batch_dims=2)  # [b, h]
-  batch, heads = tf.shape(cluster)[0], tf.shape(cluster)[1]
-  grid_b, grid_h = tf.meshgrid(tf.range(batch), tf.range(heads), indexing="ij")
-  slot = tf.stack([grid_b, grid_h, cluster, ordinal % window], axis=-1)  # [b, h, 4]
-  slot = tf.reshape(slot, [-1, 4])
-  cache = {
-      "keys": tf.tensor_scatter_nd_update(cache["keys"], slot,
-                                          tf.reshape(k_hat, [-1, k_hat.shape[-1]])),
-      "values": tf.tensor_scatter_nd_update(cache["values"], slot,
-                                            tf.reshape(v, [-1, v.shape[-1]])),
-      "ordinals": tf.tensor_scatter_nd_update(cache["ordinals"], slot,
-                                              tf.reshape(ordinal, [-1])),
-      "counts": tf.tensor_scatter_nd_update(
-          cache["counts"], slot[:, :3], tf.reshape(ordinal, [-1]) + 1),
-  }
-  keys = tf.gather(cache["keys"], cluster, batch_dims=2)  # [b, h, w, d]
-  values = tf.gather(cache["values"], cluster, batch_dims=2)
-  ordinals = tf.gather(cache["ordinals"], cluster, batch_dims=2)  # [b, h, w]
+  grid_b, grid_h = tf.meshgrid(tf.range(tf.shape(cluster)[0]), tf.range(tf.shape(cluster)[1]),
+                               indexing="ij")
+  slot = tf.reshape(tf.stack([grid_b, grid_h, cluster, ordinal % window], axis=-1), [-1, 4])
+  new = {"keys": tf.reshape(k_hat, [-1, k_hat.shape[-1]]), "ordinals": tf.reshape(ordinal, [-1]),
+         "values": tf.reshape(v, [-1, v.shape[-1]])}
+  cache = dict({name: tf.tensor_scatter_nd_update(cache[name], slot, x) for name, x in new.items()},
+               counts=tf.tensor_scatter_nd_update(cache["counts"], slot[:, :3],
+                                                  new["ordinals"] + 1))
+  # [b, h, w, d] keys and values, [b, h, w] ordinals of the query's cluster
+  keys, values, ordinals = (tf.gather(cache[name], cluster, batch_dims=2)
+                            for name in ("keys", "values", "ordinals"))
   logits = tf.matmul(q_hat, keys, transpose_b=True)  # [b, h, 1, w]
   distance = (ordinals - ordinal[..., tf.newaxis])[:, :, tf.newaxis, :]  # [b, h, 1, w]
   if relative_keys is not None:
