@@ -18,16 +18,14 @@ def check_blocks(length, block_length, flange, name):
   if flange < 0 or flange % block_length:
     raise ValueError(
         "%s: flange (memory_flange) %d is not a non-negative multiple of block_length "
-        "(query_shape) %d; use e.g. memory_flange=%d." % (name, flange, block_length,
-                                                         max(block_length, flange // block_length
-                                                             * block_length)))
+        "(query_shape) %d; use e.g. memory_flange=%d."
+        % (name, flange, block_length, max(block_length, flange // block_length * block_length)))
 
 
 def memory_blocks(x, block_length, before, after):
   """x [b, h, n, ...] -> [b, h, n / block_length, (before + 1 + after) * block_length, ...]:
   every block with `before` blocks before and `after` after it; zeros outside the sequence."""
-  n = x.shape[2]
-  num_blocks = n // block_length
+  num_blocks = x.shape[2] // block_length
   rest = x.shape[3:].as_list()
   paddings = [[0, 0], [0, 0], [before * block_length, after * block_length]] + [[0, 0]] * len(rest)
   padded = tf.pad(x, paddings)
