@@ -17,6 +17,8 @@ if ROOT not in sys.path:
 import numpy as np  # pylint: disable=g-import-not-at-top,wrong-import-position
 import pytest  # pylint: disable=g-import-not-at-top,wrong-import-position
 
+import forked_binaries  # pylint: disable=g-import-not-at-top,wrong-import-position
+
 
 def benchmark_module(name):
   """benchmarks/<name>.py, imported with benchmarks/ on sys.path (its modules import each other)."""
@@ -76,11 +78,16 @@ class HParamsStandIn(types.SimpleNamespace):
 
 
 def run_t2t(binary, *args, timeout=600, env=None):
-  """Runs a stock T2T binary with --t2t_usr_dir=t2t_usr_dir; returns the CompletedProcess."""
-  cmd = [os.path.join(BIN, binary), "--t2t_usr_dir=" + os.path.join(ROOT, "t2t_usr_dir")]
+  """Runs a stock T2T binary with --t2t_usr_dir=t2t_usr_dir; returns the CompletedProcess.
+  t2t-trainer and t2t-decoder run forked from a process that imported TF and T2T once
+  (forked_binaries); with `env` (variables TF may read when it is imported) and for the other
+  binaries, the installed console script runs as a subprocess."""
+  argv = ["--t2t_usr_dir=" + os.path.join(ROOT, "t2t_usr_dir")] + [str(a) for a in args]
   full_env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+  if binary in forked_binaries.FORKED and not env:
+    return forked_binaries.run(binary, argv, full_env, ROOT, timeout=timeout)
   full_env.update(env or {})
-  return subprocess.run(cmd + [str(a) for a in args], capture_output=True, text=True,
+  return subprocess.run([os.path.join(BIN, binary)] + argv, capture_output=True, text=True,
                         timeout=timeout, cwd=ROOT, env=full_env)
 
 

@@ -16,6 +16,7 @@ import tensorflow.compat.v1 as tf
 
 from conftest import BIN
 from conftest import ROOT
+import forked_binaries
 from routing_transformer.t2t import checkpoint_files
 
 pytestmark = pytest.mark.slow
@@ -55,18 +56,18 @@ def newest_step(out):
 
 
 def run_until_killed(cmd, log_path, out, after, rng, env):
-  """Starts the trainer and SIGKILLs it at a random moment (0-0.5 s) after its `checkpoint` file
-  named a checkpoint newer than `after`; returns its log."""
-  with open(log_path, "w") as log:
-    proc = subprocess.Popen(cmd, stdout=log, stderr=log, cwd=ROOT, env=env)
-    deadline = time.time() + 600
-    while newest_step(out) <= after:
-      assert proc.poll() is None, open(log_path).read()[-3000:]
-      assert time.time() < deadline
-      time.sleep(0.1)
-    time.sleep(rng.uniform(0.0, 0.5))
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
+  """Starts the trainer (forked_binaries) and SIGKILLs it at a random moment (0-0.5 s) after its
+  `checkpoint` file named a checkpoint newer than `after`; returns its log."""
+  proc = forked_binaries.start("t2t-trainer", cmd[1:], env, ROOT, log_path)
+  deadline = time.time() + 600
+  while newest_step(out) <= after:
+    assert proc.is_alive(), open(log_path).read()[-3000:]
+    assert time.time() < deadline
+    time.sleep(0.1)
+  time.sleep(rng.uniform(0.0, 0.5))
+  os.kill(proc.pid, signal.SIGKILL)
+  proc.join()
+  assert proc.exitcode == -signal.SIGKILL, proc.exitcode
   with open(log_path) as f:
     return f.read()
 
@@ -84,7 +85,7 @@ def killed_run(synthetic_data_dir, tmp_path_factory):
   cmd = trainer_cmd(synthetic_data_dir, out, STEPS)
   run_until_killed(cmd, str(folder / "killed.log"), out, 0, random.Random(seed), env)
   restored = tf.train.latest_checkpoint(out)  # what the restart restores
-  last = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=env, timeout=900)
+  last = forked_binaries.run("t2t-trainer", cmd[1:], env, ROOT, timeout=900)
   return dict(out=out, seed=seed, restored=restored, last=last)
 
 
@@ -205,10 +206,12 @@ def test_damaged_newest_checkpoint_then_full_disk(killed_run, data_dir, tmp_path
             "--output_dir=" + out, "--train_steps=%d" % last, "--local_eval_frequency=1000",
             "--schedule=train"]
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
-    cmd = ([os.path.join(BIN, "t2t-trainer")] if real_disk else
-           [os.path.join(BIN, "python"), "-c", SIMULATED_FULL_DISK % steps[-2]])
-    trainer = subprocess.run(cmd + args, capture_output=True, text=True, cwd=ROOT, env=env,
-                             timeout=600)
+    if real_disk:
+      trainer = forked_binaries.run("t2t-trainer", args, env, ROOT, timeout=600)
+    else:
+      trainer = subprocess.run([os.path.join(BIN, "python"), "-c",
+                                SIMULATED_FULL_DISK % steps[-2]] + args,
+                               capture_output=True, text=True, cwd=ROOT, env=env, timeout=600)
     lines = error_lines(trainer.stderr)
     assert trainer.returncode != 0, trainer.stderr[-3000:]
     assert "Traceback (most recent call last)" not in trainer.stderr, trainer.stderr[-3000:]
