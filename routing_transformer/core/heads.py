@@ -12,22 +12,18 @@ import contextlib
 import tensorflow as tf
 
 from routing_transformer.core import attention
-from routing_transformer.core import recompute
 from routing_transformer.core.attention import incremental
 from routing_transformer.core.attention import routing as routing_lib
 
 HeadConfig = collections.namedtuple("HeadConfig", [
     "window", "block_length", "flange", "share_qk", "routing_mode", "random_routing",
-    "legacy_causal_key_routing", "routing_padding_as_original", "recompute_attention"],
-    defaults=(False, False))
+    "legacy_causal_key_routing", "routing_padding_as_original"], defaults=(False,))
 HeadConfig.__doc__ = """How a layer's heads attend (the attention functions' static arguments).
 
 window: members per routing cluster; block_length, flange: the local heads' blocks (query_shape,
 memory_flange); share_qk, routing_mode ("topk" | "causal_window"), random_routing,
-legacy_causal_key_routing, routing_padding_as_original (default False), recompute_attention
-(default False: the heads keep their weights for the backward pass; True: the local heads'
-attention and the routing heads' top-k cluster attention are recomputed there): as the hparams of
-the same names.
+legacy_causal_key_routing, routing_padding_as_original (default False): as the hparams of the
+same names.
 """
 
 
@@ -96,8 +92,7 @@ def routing_heads_attention(q, k, v, means, config, causal=True, padding=None,
   routing_mode="causal_window" use `causal_window_attention`, everything else (and every
   encoder) the paper's top-k routing. `options`: further keyword arguments of both functions
   (the extensions exclude_self, logit_scale). dropout_rate: attention dropout on the weights
-  (TRAIN mode). dropout_rate, config.routing_padding_as_original and config.recompute_attention
-  (top-k routing: the cluster attention recomputed in the backward pass) reach the functions only
+  (TRAIN mode). dropout_rate and config.routing_padding_as_original reach the functions only
   when set, so a call without them is the paper's call, keyword for keyword.
 
   With `cache` (one causal decoding step: q, k, v [b, hr, 1, d] of the int32 scalar `position`;
@@ -137,12 +132,10 @@ def routing_heads_attention(q, k, v, means, config, causal=True, padding=None,
     options["dropout_rate"] = dropout_rate
   if config.routing_padding_as_original:
     options["padding_as_original"] = True
-  if causal and config.routing_mode == "causal_window":  # not recomputed
+  if causal and config.routing_mode == "causal_window":
     return _attend(attention.causal_window_attention, q, k, v, means, config.window,
                    share_qk=config.share_qk, padding=padding, relative_keys=rel_k,
                    relative_values=rel_v, **options)
-  if config.recompute_attention:
-    options["recompute"] = True
   return _attend(
       attention.routing_attention, q, k, v, means, config.window, causal=causal,
       share_qk=config.share_qk, padding=padding, relative_keys=rel_k, relative_values=rel_v,
@@ -151,14 +144,9 @@ def routing_heads_attention(q, k, v, means, config, causal=True, padding=None,
 
 
 def local_heads_attention(q, k, v, config, causal=True, padding=None, tables=(None, None),
-                          dropout_rate=0.0, cache=None, position=None, after=()):
+                          dropout_rate=0.0, cache=None, position=None):
   """The local heads: blocked attention [b, hl, n, d] (unscaled: q carries d^-0.5), attention
-  dropout `dropout_rate` on the weights. With config.recompute_attention the backward pass keeps
-  only q, k, v and the tables and recomputes the attention (exact; refused with dropout), in
-  groups of heads one after another in both passes (`head_groups`,
-  `recompute.recompute_in_groups`), so one group's weights are alive at a time; `after` (the
-  routing heads' output) orders the groups after the routing heads' attention in the forward
-  pass and before its recomputation in the backward pass.
+  dropout `dropout_rate` on the weights.
 
   With `cache` (one causal decoding step: q, k, v [b, hl, 1, d] of the int32 scalar `position`),
   the query attends over a ring of the last R >= flange + block positions (entries "local_k",
@@ -176,31 +164,10 @@ def local_heads_attention(q, k, v, config, causal=True, padding=None, tables=(No
         q, cache["local_k"], cache["local_v"], cache["local_pos"][0], position,
         config.block_length, config.flange, relative_keys=rel_k, relative_values=rel_v,
         scale=1.0)
-  pad = None if causal else padding
-
-  def local(q, k, v, rel_k, rel_v, pad):
-    return _attend(
-        attention.local_attention, q, k, v, config.block_length, config.flange, causal=causal,
-        relative_keys=rel_k, relative_values=rel_v, padding=pad, scale=1.0,
-        dropout_rate=dropout_rate)
-
-  if not config.recompute_attention:
-    return local(q, k, v, rel_k, rel_v, pad)
-  recompute.refuse_dropout(dropout_rate, "local_heads_attention")
-  # the padding mask is not differentiable: closed over, not an input of the recomputation
-  return recompute.recompute_in_groups(lambda *a: local(*a, pad), [q, k, v], [rel_k, rel_v],
-                                       groups=head_groups(q.shape[1] or 1), after=after)
-
-
-RECOMPUTE_HEADS_PER_GROUP = 2  # measured at bench-8k (6 local heads): 1, 2, 3 and 6 per group
-
-
-def head_groups(heads):
-  """How many groups `recompute_attention` runs `heads` local heads in, one group after the
-  other: RECOMPUTE_HEADS_PER_GROUP heads each where they divide evenly, else one head each."""
-  if heads % RECOMPUTE_HEADS_PER_GROUP:
-    return heads
-  return heads // RECOMPUTE_HEADS_PER_GROUP
+  return _attend(
+      attention.local_attention, q, k, v, config.block_length, config.flange, causal=causal,
+      relative_keys=rel_k, relative_values=rel_v, padding=None if causal else padding,
+      scale=1.0, dropout_rate=dropout_rate)
 
 
 def split_kinds(x, num_routing):
@@ -245,7 +212,7 @@ def kind_heads(routing, local, config, causal=True, padding=None, means=None,
     outputs.append(out)
   if local is not None:
     outputs.append(local_heads_attention(*local, config, causal, padding, local_tables,
-                                         dropout_rate, cache, position, after=list(outputs)))
+                                         dropout_rate, cache, position))
   return (tf.concat(outputs, axis=1) if len(outputs) > 1 else outputs[0]), aux
 
 

@@ -11,19 +11,25 @@ from routing_transformer.core import heads
 from routing_transformer.core.attention import incremental
 from routing_transformer.core.attention import routing
 from routing_transformer.core import kmeans
-from routing_transformer.core import rebuild
+from routing_transformer.core import memory
 
 tf1 = tf.compat.v1
 
 
 def dense(x, units, name, use_bias=False):
-  """Dense over the last axis, x [..., inputs] -> [..., units], as tf.compat.v1.layers.dense:
-  variables `name/kernel` and `name/bias` (`kernel_variables`), ops in name scope `name`,
-  computed by `apply_kernel` (the same tensordot; the input's gradient a `matmul_nt`)."""
+  """tf.compat.v1.layers.dense over the last axis: x [..., inputs] -> [..., units], variables
+  `name/kernel` and `name/bias`, ops in name scope `name`."""
   with tf1.variable_scope(name):
     kernel, bias = kernel_variables(x.shape[-1], units, x.dtype.base_dtype, use_bias)
-    y = apply_kernel(x, tf.convert_to_tensor(kernel))
+    y = matmul(x, kernel)
     return y if bias is None else tf.nn.bias_add(y, bias)
+
+
+def matmul(x, kernel):
+  """x [..., inputs] times kernel [inputs, units] -> [..., units], the tensordot of a dense layer."""
+  out = tf.tensordot(x, kernel, [[x.shape.rank - 1], [0]])
+  out.set_shape(x.shape[:-1].concatenate(kernel.shape[-1:]))
+  return out
 
 
 def dense_initializer():
@@ -57,48 +63,6 @@ def dense_variables(name, inputs, units, dtype=tf.float32):
   variables `name/kernel` and `name/bias` (`kernel_variables`)."""
   with tf1.variable_scope(name):
     return kernel_variables(inputs, units, dtype, use_bias=True)
-
-
-def matmul_nt(a, b):
-  """a [m, k] times b [n, k] transposed -> [m, n], as a batch matmul of one with b adjoint.
-  On the CPU (TF 2.15's oneDNN ops) MatMul(transpose_b=True), what TF's MatMul gradient gives
-  the input of y = x W, ran at 0.72-0.81 of the plain rate for n = 512 (bench-8k's hidden
-  size), the batch matmul at the plain rate; at n = 1,024 and in bfloat16 both ran alike
-  (`make bench-matmul`)."""
-  n, k = b.shape
-  product = tf.linalg.matmul(tf.reshape(a, [1, -1, k]), tf.reshape(b, [1, n, k]), adjoint_b=True)
-  return tf.reshape(product, [-1, n])
-
-
-def kernel_product(x, kernel):
-  """x [..., inputs] times kernel [inputs, units] -> [..., units], one tensordot as
-  tf.compat.v1.layers.dense computes it, with TF's gradient (for callers whose own custom
-  gradient replaces it)."""
-  out = tf.tensordot(x, kernel, [[x.shape.rank - 1], [0]])
-  out.set_shape(x.shape[:-1].concatenate(kernel.shape[-1:]))
-  return out
-
-
-def apply_kernel(x, kernel):
-  """`kernel_product(x, kernel)` whose gradient is TF's MatMul gradient with x's part as
-  `matmul_nt` (dy [rows, units] times the kernel transposed); the kernel's is x^T dy, with x
-  rebuilt there when it is `rebuild.rebuildable` (then not kept)."""
-  inputs, units = kernel.shape
-
-  @tf.custom_gradient
-  def product(x, kernel):
-    out = kernel_product(x, kernel)
-
-    def grad(dy):
-      rows = tf.reshape(dy, [-1, units])
-      shape = x.shape if x.shape.is_fully_defined() else tf.shape(x)
-      dx = tf.reshape(matmul_nt(rows, kernel), shape)
-      x_kept = tf.reshape(rebuild.for_gradient(x, dy), [-1, inputs])
-      return dx, tf.matmul(x_kept, rows, transpose_a=True)
-
-    return out, grad
-
-  return product(x, kernel)
 
 
 def relative_tables(hparams, depth, enabled):
@@ -162,8 +126,8 @@ def projections(x, hparams, layer_index):
     for kind, columns in enumerate(kind_columns(kernel, sizes, skip)):
       y = None
       if columns is not None:
-        y = heads.split_heads(apply_kernel(x, columns), sizes[kind] // depth)
-        y = attention.common.times_constant(y, depth ** -0.5) if name == "q" else y
+        y = heads.split_heads(matmul(x, columns), sizes[kind] // depth)
+        y = y * depth ** -0.5 if name == "q" else y
       kinds[kind].append(y)
   return tuple(tuple(t) if size else None for t, size in zip(kinds, sizes))
 
@@ -208,18 +172,11 @@ def local_variables(hparams, layer_index):
 
 
 def attention_output(out, hparams):
-  """Heads [b, h, n, d] -> [b, n, hidden]: shared head_dense, output_transform (no dropout
-  here: `attention_dropout` drops the attention weights inside the heads, as the original).
-  head_dense's output is rebuilt from the heads (which its kernel gradient keeps) for
-  output_transform's kernel gradient (`rebuild`), not kept."""
-  if not hparams.head_dense:
-    return dense(heads.combine_heads(out), hparams.hidden_size, "output_transform")
-  # one [d, d] map shared by all heads, as released
-  kernel = tf.convert_to_tensor(dense_kernel("head_dense", out.shape[-1], out.shape[-1],
-                                             out.dtype.base_dtype))
-  mixed = rebuild.rebuildable(heads.combine_heads(apply_kernel(out, kernel)),
-                              lambda o, k: heads.combine_heads(kernel_product(o, k)), out, kernel)
-  return dense(mixed, hparams.hidden_size, "output_transform")
+  """Heads [b, h, n, d] -> [b, n, hidden]: head_dense (one [d, d] map shared by all heads, as
+  released), output_transform."""
+  if hparams.head_dense:
+    out = dense(out, out.shape[-1], "head_dense")
+  return dense(heads.combine_heads(out), hparams.hidden_size, "output_transform")
 
 
 def local_span(hparams, length):
@@ -240,8 +197,7 @@ def head_config(hparams, length=None):
       flange=flange, share_qk=hparams.share_qk,
       routing_mode=hparams.routing_mode, random_routing=hparams.random_routing,
       legacy_causal_key_routing=hparams.legacy_causal_key_routing,
-      routing_padding_as_original=bool(hparams.get("routing_padding_as_original", False)),
-      recompute_attention=bool(hparams.get("recompute_attention", False)))
+      routing_padding_as_original=bool(hparams.get("routing_padding_as_original", False)))
 
 
 def attention_dropout_rate(hparams, train):
@@ -250,33 +206,28 @@ def attention_dropout_rate(hparams, train):
 
 
 def self_attention(x, hparams, layer_index, padding=None, causal=True, train=False,
-                   read_centroids=None, cache=None, position=None, heads_only=False, qkv=None):
-  """Multi-head self-attention mixing local and routing heads, over whole sequences or (with
+                   read_centroids=None, cache=None, position=None):
+  """Multi-head self-attention mixing routing and local heads, over whole sequences or (with
   `cache`) one cached causal decoding step.
 
   Args:
     x: [b, n, hidden]; with `cache`, [b, 1, hidden] the input of position `position`.
-    hparams: model hparams.
-    layer_index: index of the layer (sparsity_skip_first turns routing heads local).
+    hparams: model hparams; layer_index: the layer (sparsity_skip_first: no routing heads).
     padding: bool [b, n], True at padding positions, or None.
     causal: decoder (True) or encoder (False) self-attention.
-    train: TRAIN mode (random routing draws fresh members; centroids are updated; attention
-      dropout on the weights).
-    read_centroids: optional km -> [h, c, d] centroid values to route with (default: read
-      km.means); recompute_layers replays the forward's read in the backward pass.
-    cache: None for whole sequences; when decoding, the layer's caches from
-      `self_attention_cache`, updated in place (as T2T's multihead_attention updates its cache).
-    position: int32 scalar t of the decoding step (with `cache`).
-    heads_only: return the heads' output [b, h, n, d] before `attention_output` (head_dense,
-      output_transform), which the caller applies in the same variable scope.
-    qkv: optional `projections(x, ...)` computed by the caller (x is then not read).
+    train: TRAIN mode (fresh random members, centroid statistics, attention dropout, and with
+      hparam `recompute_attention` the heads' attention recomputed in the backward pass).
+    read_centroids: optional km -> [h, c, d] centroids to route with (default km.means); a
+      recompute_layers replay routes with the forward's read.
+    cache, position: for one decoding step, the layer's caches (`self_attention_cache`, updated
+      in place) and the int32 scalar position.
   Returns:
-    (y [b, n, hidden], k-means loss (scalar, 0 without routing heads or with `cache`),
+    (y [b, n, hidden], k-means loss (0 without routing heads or with `cache`),
     kmeans.KMeansStep or None).
   """
   num_routing, num_local, _ = head_counts(hparams, layer_index)
-  routing_qkv, local_qkv = qkv or projections(x, hparams, layer_index)
-  length = next(t for t in (routing_qkv or local_qkv) if t is not None).shape[2]
+  routing_qkv, local_qkv = projections(x, hparams, layer_index)
+  length = x.shape[1]
   loss, step = 0.0, None
   means, routing_tables, local_tables, options = None, (None, None), (None, None), {}
   if num_routing:
@@ -287,10 +238,18 @@ def self_attention(x, hparams, layer_index, padding=None, causal=True, train=Fal
   if num_local:
     local_tables = local_variables(hparams, layer_index)
   config = head_config(hparams, length if cache is None else None)  # decoding: N positions
-  with heads.in_layer(layer_index):
-    out, aux = heads.kind_heads(routing_qkv, local_qkv, config, causal, padding, means,
-                                routing_tables, local_tables, options,
-                                attention_dropout_rate(hparams, train), cache, position)
+  dropout = attention_dropout_rate(hparams, train)
+
+  def attend(routing_qkv, local_qkv, routing_tables, local_tables, options):
+    with heads.in_layer(layer_index):
+      return heads.kind_heads(routing_qkv, local_qkv, config, causal, padding, means,
+                              routing_tables, local_tables, options, dropout, cache, position)
+
+  if train and cache is None and hparams.get("recompute_attention", False):
+    out, aux = recomputed_attention(attend, routing_qkv, local_qkv, routing_tables,
+                                    local_tables, options, hparams)
+  else:
+    out, aux = attend(routing_qkv, local_qkv, routing_tables, local_tables, options)
   if aux is not None:
     x_hats, clusters = kmeans.routed_vectors(aux, hparams.share_qk)
     loss = km.loss(aux["commitment_loss"], x_hats, clusters, aux["weights"])
@@ -298,7 +257,37 @@ def self_attention(x, hparams, layer_index, padding=None, causal=True, train=Fal
       statistics = routing.routing_statistics(aux["member_count"], aux["self_weight"],
                                               aux["weights"])
       step = kmeans.KMeansStep(km, x_hats, clusters, aux["weights"], statistics)
-  return (out if heads_only else attention_output(out, hparams)), loss, step
+  return attention_output(out, hparams), loss, step
+
+
+def recomputed_attention(attend, routing_qkv, local_qkv, routing_tables, local_tables, options,
+                         hparams):
+  """attend(...) -> (heads [b, h, n, d], aux) keeping only q, k, v, the tables and the logit
+  scale for the backward pass (hparam `recompute_attention`, `memory.recompute`): the routing
+  decisions are taken again there from the same inputs, so random numbers are refused."""
+  memory.refuse_random({"attention_dropout": hparams.get("attention_dropout", 0.0),
+                        "random_routing": hparams.random_routing}, "recompute_attention")
+  scale = options.get("logit_scale")
+  scale = scale if isinstance(scale, (tf.Tensor, tf.Variable)) else None
+  inputs = [tf.convert_to_tensor(t) if t is not None else None for t in
+            list(routing_qkv or (None,) * 3) + list(local_qkv or (None,) * 3) +
+            list(routing_tables) + list(local_tables) + [scale]]
+  keys = []
+
+  def fn(rq, rk, rv, lq, lk, lv, rrk, rrv, lrk, lrv, scale, replay):
+    kw = dict(options, logit_scale=scale) if scale is not None else options
+    out, aux = attend(None if routing_qkv is None else (rq, rk, rv),
+                      None if local_qkv is None else (lq, lk, lv), (rrk, rrv), (lrk, lrv), kw)
+    if aux is None:
+      return out
+    if not replay:
+      keys.extend(sorted(key for key in aux if key != "commitment_loss"))
+    return (out, aux["commitment_loss"]) + tuple(aux[key] for key in keys)
+
+  result = memory.recompute(fn, inputs, differentiable=2)
+  if not isinstance(result, tuple):
+    return result, None
+  return result[0], dict(zip(keys, result[2:]), commitment_loss=result[1])
 
 
 def self_attention_cache(hparams, layer_index, batch, length, dtype=tf.float32):
@@ -382,157 +371,24 @@ def gelu(x):
 
 
 def geglu_hidden(a, b):
-  """gelu(a) * b (`gelu`: the tanh approximation)."""
+  """gelu(a) * b."""
   return gelu(a) * b
 
 
-@tf.custom_gradient
-def geglu_activation(a, b):
-  """gelu(a) * b, [..., f]; the backward pass keeps only a and b and recomputes gelu (the
-  gradients are those of `geglu_hidden`: the same ops differentiated)."""
-  def grad(dh):
-    a2, b2 = rebuild.after(dh, a, b)
-    return tf.gradients(geglu_hidden(a2, b2), [a2, b2], dh)
-
-  return geglu_hidden(a, b), grad
-
-
-@tf.custom_gradient
-def geglu_output(a, b, kernel):
-  """(gelu(a) * b) kernel: [..., f] x 2, [f, hidden] -> [..., hidden]. The backward pass keeps
-  only a and b (and the kernel), recomputing gelu(a) * b, where the plain ops keep gelu's input,
-  its tanh and cdf, its output, b and the product; the gradients are those of the plain ops."""
-  def grad(dy):
-    a2, b2, kernel2 = rebuild.after(dy, a, b, kernel)
-    return tf.gradients(apply_kernel(geglu_hidden(a2, b2), kernel2), [a2, b2, kernel2], dy)
-
-  return kernel_product(geglu_hidden(a, b), kernel), grad
-
-
-FFN_BACKWARD_ROWS = 1024  # positions per chunk of the GEGLU block's backward pass
-FFN_MAX_CHUNKS = 16  # at most this many chunks where a, b are kept: then rows / 16 per chunk
-
-
-def ffn_chunk_rows(rows, keep_products=True):
-  """Positions per chunk of the GEGLU block's chunked passes over `rows` positions:
-  FFN_BACKWARD_ROWS, or with `keep_products` rows / FFN_MAX_CHUNKS (rounded up) where that is
-  more. Each chunk is ~100 graph ops per pass, and a chunk count growing with the length made
-  the graph build grow with it (25-28 s at 65,536 tokens, 10 s with 16 chunks, where the
-  step's peak fell 0.9 GiB too); a re-run block's FFN (`keep_products` False), whose chunks
-  compute x W1 and x W2 anew, keeps its chunks of FFN_BACKWARD_ROWS (with 16 chunks its peak at
-  65,536 tokens rose by 0.55 GiB)."""
-  if not keep_products:
-    return FFN_BACKWARD_ROWS
-  return max(FFN_BACKWARD_ROWS, -(-rows // FFN_MAX_CHUNKS))
-
-
-def row_chunks(rows, size):
-  """[(start, size)] covering range(rows) in consecutive chunks of `size` (the last shorter)."""
-  return [(start, min(size, rows - start)) for start in range(0, rows, size)]
-
-
-def geglu_ffn(x, w1, w2, w3, chunk_rows=None, chunk_forward=False, keep_products=True,
-              rebuild_linear=False):
-  """The GEGLU block (gelu(x W1) * (x W2)) W3: x [..., hidden] (leading dims static), kernels
-  [hidden, f], [hidden, f], [f, hidden] -> [..., hidden].
-
-  The backward pass keeps x (or rebuilds it, `rebuild.for_gradient`), a = x W1 and b = x W2 (what
-  the plain ops' matmul gradients read anyway) and runs over `chunk_rows` positions at a time, one
-  chunk after the other: each chunk recomputes gelu(a) * b of its rows, differentiates those ops,
-  and takes its share of the gradients of x and of the three kernels. The [positions, f]
-  temporaries of the backward pass (gelu's intermediates, the product, their gradients) then exist
-  for one chunk of rows at a time instead of for all positions (chunk_rows: default
-  `ffn_chunk_rows`: FFN_BACKWARD_ROWS, up to 16 chunks where a and b are kept). The output is the
-  plain ops'; the gradients are theirs up to the order of the sums over rows (a kernel's gradient
-  adds the chunks' products). With `chunk_forward` (training) the forward pass also computes
-  gelu(a) * b and its product with W3 one chunk of rows after the other, so gelu's [positions, f]
-  temporaries are not alive for all positions at once there either; the output then equals the
-  plain ops' up to the matmul's rounding of row blocks. With `keep_products` False the backward
-  pass keeps only x and each chunk computes its rows of a and b anew: for a re-run whose output is
-  not needed (`recompute_layers`' replay, where x W1 and x W2 would be computed only for this
-  backward pass), the same matmuls, and no [positions, f] tensor at all. With `rebuild_linear`
-  (and `keep_products`) the backward pass keeps a but not b: each chunk computes its rows of
-  b = x W2 anew (one more [rows, hidden] x [hidden, f] matmul per chunk), and with
-  `chunk_forward` the forward pass computes b one chunk of rows at a time too (the same matmul on
-  the same rows, so the backward pass's b is the forward's, bit for bit)."""
-  rows = x.shape[:-1].num_elements()
-  chunk_rows = chunk_rows or ffn_chunk_rows(rows, keep_products)
-  keep_b = keep_products and not rebuild_linear
-  rows_of_b = chunk_forward and keep_products and rebuild_linear  # b only per forward chunk
-
-  @tf.custom_gradient
-  def block(x, w1, w2, w3):
-    with tf.name_scope("weight1"):  # the block's gradient is `grad`: TF's products suffice
-      a = kernel_product(x, w1)
-    b = None
-    if not rows_of_b:
-      with tf.name_scope("weight2"):
-        b = kernel_product(x, w2)
-
-    def grad(dy):
-      kept = ((rebuild.for_gradient(x, dy), dy) + ((a,) if keep_products else ()) +
-              ((b,) if keep_b else ()))
-      flat = [tf.reshape(t, [rows, t.shape[-1]]) for t in kept]
-      dxs, sums, after = [], None, [dy]
-      for start, size in row_chunks(rows, chunk_rows):
-        with tf.control_dependencies(after):  # one chunk after the other
-          x_c, dy_c, *products = [tf.slice(t, [start, 0], [size, -1]) for t in flat]
-        a_c = products[0] if products else tf.matmul(x_c, w1)
-        b_c = products[1] if len(products) > 1 else tf.matmul(x_c, w2)
-        da, db, dw3 = tf.gradients(tf.matmul(geglu_hidden(a_c, b_c), w3), [a_c, b_c, w3], dy_c)
-        dxs.append(matmul_nt(da, w1) + matmul_nt(db, w2))
-        parts = [tf.matmul(x_c, da, transpose_a=True), tf.matmul(x_c, db, transpose_a=True), dw3]
-        sums = parts if sums is None else [s + p for s, p in zip(sums, parts)]
-        after = [dxs[-1]] + sums
-      dx = tf.reshape(tf.concat(dxs, axis=0) if len(dxs) > 1 else dxs[0], x.shape)
-      return [dx] + sums
-
-    if not chunk_forward:
-      return kernel_product(geglu_hidden(a, b), w3), grad
-    # with rows_of_b each chunk computes b from its rows of x, as the backward pass does
-    flat = [tf.reshape(t, [rows, t.shape[-1]]) for t in (a, x if rows_of_b else b)]
-    ys = []
-    for start, size in row_chunks(rows, chunk_rows):
-      with tf.control_dependencies(ys[-1:]):  # one chunk after the other
-        a_c, rows_c = [tf.slice(t, [start, 0], [size, -1]) for t in flat]
-      b_c = tf.matmul(rows_c, w2) if rows_of_b else rows_c
-      ys.append(tf.matmul(geglu_hidden(a_c, b_c), w3))
-    y = tf.concat(ys, axis=0) if len(ys) > 1 else ys[0]
-    return tf.reshape(y, x.shape[:-1].as_list() + [w3.shape[-1]]), grad
-
-  return block(x, w1, w2, w3)
-
-
-def ffn(x, hparams, train=False, keep_products=True):
-  """Feed-forward block: GEGLU (gelu(x W1) * (x W2)) W3 without biases, or dense-relu-dense.
-
-  GEGLU (variables `weight1/kernel`, `weight2/kernel`, `weight3/kernel`, as `dense` creates
-  them) keeps only x, x W1 and x W2 for its backward pass (only x without `keep_products`),
-  which runs `ffn_chunk_rows` positions at a time, as does the training forward past the two
-  matmuls (`geglu_ffn`); with the hparam `ffn_rebuild_linear` it keeps x W1 but not x W2, which
-  each chunk computes anew. With relu_dropout in training, or leading dims not static,
-  `geglu_activation` / `geglu_output` on the whole tensors."""
+def ffn(x, hparams, train=False):
+  """Feed-forward block: GEGLU (gelu(x W1) * (x W2)) W3 without biases (variables
+  `weight1/kernel`, `weight2/kernel`, `weight3/kernel`), or T2T's dense-relu-dense (`conv1`,
+  `conv2`); relu_dropout on the hidden units in training."""
   if hparams.ffn_layer == "geglu":
-    dtype, hidden, filters = x.dtype.base_dtype, x.shape[-1], hparams.filter_size
-    w1, w2 = [tf.convert_to_tensor(dense_kernel(name, hidden, filters, dtype))
-              for name in ("weight1", "weight2")]
-    w3 = tf.convert_to_tensor(dense_kernel("weight3", filters, hparams.hidden_size, dtype))
-    dropout = train and hparams.relu_dropout
-    if x.shape[:-1].is_fully_defined() and not dropout:
-      return geglu_ffn(x, w1, w2, w3, chunk_forward=train, keep_products=keep_products,
-                       rebuild_linear=bool(hparams.get("ffn_rebuild_linear", False)))
-    with tf.name_scope("weight1"):
-      a = apply_kernel(x, w1)
-    with tf.name_scope("weight2"):
-      b = apply_kernel(x, w2)
-    if dropout:
-      h = tf.nn.dropout(geglu_activation(a, b), rate=hparams.relu_dropout)
-      return apply_kernel(h, w3)
-    return geglu_output(a, b, w3)
-  if hparams.ffn_layer == "dense_relu_dense":  # T2T's names; variable-scoped (decode reuses them)
+    h = geglu_hidden(dense(x, hparams.filter_size, "weight1"),
+                     dense(x, hparams.filter_size, "weight2"))
+    out_name = "weight3"
+  elif hparams.ffn_layer == "dense_relu_dense":
     h = tf.nn.relu(dense(x, hparams.filter_size, "conv1", use_bias=True))
-    if train and hparams.relu_dropout:
-      h = tf.nn.dropout(h, rate=hparams.relu_dropout)
-    return dense(h, hparams.hidden_size, "conv2", use_bias=True)
-  raise ValueError("ffn_layer=%r is not supported; use 'geglu' or 'dense_relu_dense'."
-                   % hparams.ffn_layer)
+    out_name = "conv2"
+  else:
+    raise ValueError("ffn_layer=%r is not supported; use 'geglu' or 'dense_relu_dense'."
+                     % hparams.ffn_layer)
+  if train and hparams.relu_dropout:
+    h = tf.nn.dropout(h, rate=hparams.relu_dropout)
+  return dense(h, hparams.hidden_size, out_name, use_bias=out_name == "conv2")

@@ -17,13 +17,10 @@ import tensorflow as tf
 
 from routing_transformer.t2t import checkpoint_files
 from routing_transformer.t2t import patches
-from routing_transformer.core import chunked_loss
 from routing_transformer.core import health
 from routing_transformer.core import kmeans
 from routing_transformer.core import layers
-from routing_transformer.core import norm
-from routing_transformer.core import rebuild
-from routing_transformer.core import recompute
+from routing_transformer.core import memory as memory_lib
 
 # T2T cannot build or train the model on TF 2.15 without these fixes (and the non-finite guard).
 patches.install(patches.MODEL_FIXES)
@@ -105,21 +102,15 @@ def check_hparams(hparams, length=None):
     problems.append("weight_dtype=%r is not supported: the variables are float32 (bfloat16 "
                     "activations: activation_dtype='bfloat16'); use weight_dtype='float32'"
                     % hparams.weight_dtype)
-  if hparams.get("ffn_rebuild_linear", False) and (hparams.ffn_layer != "geglu" or
-                                                   hparams.relu_dropout):
-    problems.append("ffn_rebuild_linear=True applies to GEGLU's chunked block, which runs with "
-                    "ffn_layer='geglu' and relu_dropout=0 (got %r and %s); set those or "
-                    "ffn_rebuild_linear=False" % (hparams.ffn_layer, hparams.relu_dropout))
   if problems:
     raise HParamsError("Inconsistent hparams for routing_transformer: " + "; ".join(problems))
 
 
 # Memory switches that order their recomputation by control dependencies, which XLA (the TPU
 # path) drops: XLA's buffer assignment of bench-8k's step with each of them on is the plain
-# step's (benchmarks/xla_memory.py at 1,024 tokens: recompute_layers and ffn_rebuild_linear
-# identical, recompute_attention 0.99, the three recomputations with chunked logits 1.02).
-XLA_INERT_SWITCHES = ("recompute_layers", "recompute_attention", "recompute_keep_heads",
-                      "recompute_keep_qkv", "ffn_rebuild_linear")
+# step's (benchmarks/xla_memory.py at 1,024 tokens: recompute_layers identical,
+# recompute_attention 0.99).
+XLA_INERT_SWITCHES = ("recompute_layers", "recompute_attention")
 
 
 def refuse_xla_inert_switches(hparams):
@@ -153,53 +144,6 @@ def pad_to_length(ids, length, name):
 def cross_replica_sum(counts, sums):
   """TPU: k-means statistics summed over replicas, so every replica keeps identical centroids."""
   return tf1.tpu.cross_replica_sum(counts), tf1.tpu.cross_replica_sum(sums)
-
-
-def prepostprocess(previous, x, sequence, hparams, default_name):
-  """T2T's `common_layers.layer_prepostprocess` (steps "a", "z", "d", "n" of `sequence`; the same
-  variable scopes, variables and values), its layer norm (`norm_type` "layer") computed by
-  `norm.layer_norm`, whose backward pass keeps only its input; other norm types go to T2T."""
-  if hparams.norm_type != "layer":
-    process = (common_layers.layer_preprocess if previous is None else
-               functools.partial(common_layers.layer_postprocess, previous))
-    return process(x, hparams)
-  with tf1.variable_scope(None, default_name=default_name):
-    if sequence == "none":
-      return x
-    return prepostprocess_steps(previous, x, sequence, hparams)
-
-
-def prepostprocess_steps(previous, x, steps, hparams):
-  """The steps of a T2T pre/postprocess sequence ("a", "z", "d", "n") in the current scope."""
-  for step in steps:
-    if step == "a":
-      x += previous
-    elif step == "z":
-      x = common_layers.zero_add(previous, x)
-    elif step == "n":
-      with tf1.variable_scope(None, default_name="layer_norm", values=[x]):
-        scale, bias = common_layers.layer_norm_vars(common_layers.shape_list(x)[-1])
-        x = norm.layer_norm(x, scale, bias, hparams.norm_epsilon)
-    else:
-      assert step == "d", "unknown sequence step %s" % step
-      x = common_layers.dropout_with_broadcast_dims(
-          x, 1.0 - hparams.layer_prepostprocess_dropout,
-          broadcast_dims=common_layers.comma_separated_string_to_integer_list(
-              getattr(hparams, "layer_prepostprocess_dropout_broadcast_dims", "")))
-  return x
-
-
-def residual_split(sequence):
-  """A postprocess sequence as (head, tail): the head up to its last residual step ("a", "z"),
-  the tail the steps after it (the normalisation of post-norm models: "dan" -> "da", "n"). The
-  whole sequence is the head when it has no residual step or normalises before it; "none" is
-  ("", "")."""
-  if sequence == "none":
-    return "", ""
-  last = max(sequence.rfind("a"), sequence.rfind("z"))
-  if last < 0 or "n" in sequence[:last]:
-    return sequence, ""
-  return sequence[:last + 1], sequence[last + 1:]
 
 
 @registry.register_model
@@ -290,31 +234,22 @@ class RoutingTransformer(t2t_model.T2TModel):
     return self.preprocess(x)
 
   def preprocess(self, x):
-    """T2T's layer_preprocess (`prepostprocess`), its normalisation in float32 (`in_float32`)."""
-    sequence = self.hparams.layer_preprocess_sequence
-    return self.in_float32(
-        lambda x, hparams: prepostprocess(None, x, sequence, hparams, "layer_prepostprocess"),
-        sequence, x)
+    """T2T's layer_preprocess, its normalisation in float32 (`in_float32`)."""
+    return self.in_float32(common_layers.layer_preprocess,
+                           self.hparams.layer_preprocess_sequence, x)
 
   def postprocess(self, x, y):
-    """T2T's layer_postprocess (residual x + y; `prepostprocess`), its normalisation in float32
-    (`in_float32`)."""
-    sequence = self.hparams.layer_postprocess_sequence
-    return self.in_float32(
-        lambda x, y, hparams: prepostprocess(x, y, sequence, hparams, "layer_postprocess"),
-        sequence, x, y)
+    """T2T's layer_postprocess (residual x + y), its normalisation in float32 (`in_float32`)."""
+    return self.in_float32(common_layers.layer_postprocess,
+                           self.hparams.layer_postprocess_sequence, x, y)
 
   def in_float32(self, process, sequence, *tensors):
     """process(*tensors, hparams); with bfloat16 activations and a normalisation ("n") in the
-    T2T `sequence`, the tensors go in as float32 and the result comes back as bfloat16 (a cast
-    the backward pass rebuilds where the float32 result is rebuildable, `rebuild`)."""
+    T2T `sequence`, the tensors go in as float32 and the result comes back as bfloat16."""
     dtype = tensors[-1].dtype
     if dtype == tf.float32 or sequence == "none" or "n" not in sequence:
       return process(*tensors, self.hparams)
-    wide = process(*[tf.cast(t, tf.float32) for t in tensors], self.hparams)
-    if not rebuild.is_rebuildable(wide):
-      return tf.cast(wide, dtype)
-    return rebuild.rebuildable(tf.cast(wide, dtype), lambda t: tf.cast(t, dtype), wide)
+    return tf.cast(process(*[tf.cast(t, tf.float32) for t in tensors], self.hparams), dtype)
 
   def block(self, x, i, attend, memory_attend=None):
     """One residual block (in scope `<prefix>_layer_<i>`); see `layer_stack`."""
@@ -354,7 +289,7 @@ class RoutingTransformer(t2t_model.T2TModel):
     x = self.layer_stack(x, prefix, num_layers, attend, memory_attend)
     return x, tf.add_n(losses)
 
-  def recomputed_stack(self, x, padding, causal, prefix, num_layers, memory=None,
+  def recomputed_stack(self, x, padding, causal, prefix, num_layers, memory_input=None,
                        memory_padding=None):
     """`stack` with every block recomputed in the backward pass (hparam recompute_layers).
 
@@ -372,159 +307,38 @@ class RoutingTransformer(t2t_model.T2TModel):
           % " and ".join(random + (["random_routing=False"] if hparams.random_routing else [])))
     losses = []
 
-    def attend(means, replay, found, heads_only=False, qkv=None):
-      """The self-attention of a block's forward call (replay=False) or of its replay."""
-      def apply(y, i):
-        out, loss, step = layers.self_attention(
-            y, hparams, i, padding, causal=causal, train=True,
-            read_centroids=lambda km: read_means(means, km, replay), heads_only=heads_only,
-            qkv=qkv)
-        if step is not None and not replay:
-          self._kmeans_steps.setdefault(step.km.means.name, []).append(step)
-        found["loss"] = tf.cast(loss, tf.float32)
-        return out
-      return apply
-
     def read_means(means, km, replay):
       if not replay:
         means[km.means.ref()] = tf.convert_to_tensor(km.means)
       return means[km.means.ref()]
 
-    def memory_attend(mem):
-      return lambda y, i: layers.encdec_attention(y, mem, hparams, memory_padding)
-
-    wide = x.dtype.base_dtype != tf.float32 and "n" in hparams.layer_postprocess_sequence
-    if hparams.norm_type == "layer" and not wide:
-      return self.recomputed_blocks(x, prefix, num_layers, memory, attend, memory_attend)
-
-    # T2T's norms, or low-precision activations whose post-norm reads a float32 residual sum
-    # (`in_float32`; keeping that sum would double the bytes of a checkpoint): each block whole,
-    # its postprocess included, keeping the block's (low-precision) input.
     def wrap(x, i):
+      """Block i, recomputed in the backward pass (`memory_lib.recompute`), keeping its input."""
       means = {}  # this block's centroid reads in the forward: variable ref -> tensor
 
       def run(x, *mem, replay=False):
         found = {"loss": tf.zeros([])}
-        y = self.block(x, i, attend(means, replay, found),
-                       memory_attend(mem[0]) if mem else None)
-        return y, found["loss"]
 
-      y, loss = recompute.recompute_block(run, [x] + ([memory] if memory is not None else []),
-                                          lambda: means)
+        def attend(y, i):
+          out, loss, step = layers.self_attention(
+              y, hparams, i, padding, causal=causal, train=True,
+              read_centroids=lambda km: read_means(means, km, replay))
+          if step is not None and not replay:
+            self._kmeans_steps.setdefault(step.km.means.name, []).append(step)
+          found["loss"] = tf.cast(loss, tf.float32)
+          return out
+
+        memory_attend = (lambda y, i: layers.encdec_attention(y, mem[0], hparams,
+                                                              memory_padding)) if mem else None
+        return self.block(x, i, attend, memory_attend), found["loss"]
+
+      inputs = [x] + ([memory_input] if memory_input is not None else [])
+      y, loss = memory_lib.recompute(run, inputs, lambda: means)
       losses.append(loss)
       return y
 
     x = self.layer_stack(x, prefix, num_layers, None, None, wrap=wrap)
     return x, tf.add_n(losses)
-
-  def recomputed_blocks(self, x, prefix, num_layers, memory, attend, memory_attend):
-    """`recomputed_stack` with the blocks cut at their residual sums: each recomputed unit
-    starts with the postprocess tail of the block before it (the post-norm, `residual_split`)
-    and ends with its FFN's postprocess head (the residual add), and keeps only its input, that
-    sum. The replay then stops where the backward pass stops needing values: at the FFN's x W1,
-    x W2 (its W3 product and the post-norm after it are not re-run; the next unit keeps the sum
-    the norm reads). With recompute_attention, whose backward pass re-runs the attention from q,
-    k, v anyway, and recompute_keep_heads, the self-attention's heads are a unit of their own,
-    from the sum to the heads' output [b, h, n, d] (before head_dense and output_transform),
-    which the block's unit keeps as its second input: neither replay then runs the attention
-    (one more [b, n, hidden] kept per block). With recompute_keep_qkv instead, that unit ends
-    with the q, k, v projections (its replay needs no value of them: the post-norm runs again,
-    the projection matmuls do not) and the attention runs outside any unit, keeping q, k, v for
-    its own recomputation (up to three more [b, n, hidden] per block). The same variables,
-    values and gradients as `block`. For norm_type "layer" with float32 sums (float32
-    activations, or a postprocess without a norm).
-    Returns (x [b, n, hidden], summed commitment losses)."""
-    hparams = self.hparams
-    sequence = hparams.layer_postprocess_sequence
-    head, tail = residual_split(sequence)
-    names = ["self_attention"] + (["encdec_attention"] if memory is not None else []) + ["ffn"]
-    losses, before = [], None  # before: the scope of the last postprocess (its tail's variables)
-
-    def finish(r, scope, replay):
-      """The postprocess tail (in `scope`, where its variables live) of the sum r; with split,
-      both of a block's units normalise the same sum (the second reuses the variables)."""
-      if scope is None or not tail:
-        return r
-      with tf1.variable_scope(scope, reuse=True if replay else tf1.AUTO_REUSE,
-                              auxiliary_name_scope=False), tf.name_scope("post_norm"):
-        return prepostprocess_steps(None, r, tail, hparams)
-
-    # whether the replay needs the FFN's output values (a rezero "z" or a norm before the
-    # residual add): if not, x W1 and x W2 are needed only by its backward pass, whose chunks
-    # compute them (`layers.geglu_ffn`, keep_products=False)
-    values_needed = bool(set(head) - set("da"))
-    keep_qkv = bool(hparams.get("recompute_attention", False) and
-                    hparams.get("recompute_keep_qkv", False))
-    split = keep_qkv or bool(hparams.get("recompute_attention", False) and
-                             hparams.get("recompute_keep_heads", False))
-    layout = {}  # keep_qkv: which of the (routing, local) q, k, v exist
-
-    def projections_unit(r, replay, i, before):
-      """The sum r -> the self-attention's q, k, v (keep_qkv), the present ones as a tuple."""
-      with tf1.variable_scope("self_attention"):
-        kinds = layers.projections(self.preprocess(finish(r, before, replay)), hparams, i)
-      layout["kinds"] = [None if k is None else [t is not None for t in k] for k in kinds]
-      return tuple(t for k in kinds if k is not None for t in k if t is not None), tf.zeros([])
-
-    def unflatten(flat):
-      present = iter(flat)
-      return tuple(None if kind is None else tuple(next(present) if there else None
-                                                   for there in kind)
-                   for kind in layout["kinds"])
-
-    def heads_unit(r, replay, i, means, before):
-      """The sum r -> the self-attention heads' output (split)."""
-      found = {"loss": tf.zeros([])}
-      with tf1.variable_scope("self_attention"):
-        out = attend(means, replay, found, heads_only=True)(
-            self.preprocess(finish(r, before, replay)), i)
-      return out, found["loss"]
-
-    def unit(r, *rest, replay, i, means, before, scopes):
-      found = {"loss": tf.zeros([])}
-      heads, mem = (rest[0], rest[1:]) if split else (None, rest)
-      for j, name in enumerate(names):
-        x = finish(r, before, replay)
-        with tf1.variable_scope(name):
-          if name == "self_attention" and split:
-            y = layers.attention_output(heads, hparams)
-          elif name == "self_attention":
-            y = attend(means, replay, found)(self.preprocess(x), i)
-          elif name == "encdec_attention":
-            y = memory_attend(mem[0])(self.preprocess(x), i)
-          else:
-            y = layers.ffn(self.preprocess(x), hparams, True, keep_products=values_needed)
-        # the name T2T's default name gives the block's j-th postprocess
-        with tf1.variable_scope("layer_postprocess" + ("_%d" % j if j else "")) as scope:
-          scopes.setdefault(j, scope)  # the forward's (the replay reuses its variables)
-          r = prepostprocess_steps(x, y, head, hparams) if head else y
-        before = scope  # the next sublayer starts with this postprocess's tail
-      return r, found["loss"]
-
-    for i in range(num_layers):
-      means, scopes = {}, {}  # the block's centroid reads, postprocess scopes (forward)
-      with tf1.variable_scope("%s_layer_%d" % (prefix, i)), \
-          tf1.variable_scope("self_attention"):
-        heads = []
-        if keep_qkv:  # the attention runs outside any unit: its recomputation keeps q, k, v
-          flat, _ = recompute.recompute_block(
-              functools.partial(projections_unit, i=i, before=before), [x])
-          found = {"loss": tf.zeros([])}
-          with tf1.variable_scope("self_attention"):
-            heads = [attend(means, False, found, heads_only=True, qkv=unflatten(flat))(None, i)]
-          losses.append(found["loss"])
-        elif split:
-          out, loss = recompute.recompute_block(
-              functools.partial(heads_unit, i=i, means=means, before=before), [x],
-              lambda means=means: means)
-          heads = [out]
-          losses.append(loss)
-        run = functools.partial(unit, i=i, means=means, before=before, scopes=scopes)
-        x, loss = recompute.recompute_block(
-            run, [x] + heads + ([memory] if memory is not None else []), lambda means=means: means)
-      losses.append(loss)
-      before = scopes[len(names) - 1]
-    return self.preprocess(finish(x, before, False)), tf.add_n(losses)
 
   def output_layer(self, x):
     """The output projection's input and variables: x [b, n, hidden] -> (x [b, n, e] after
@@ -541,7 +355,7 @@ class RoutingTransformer(t2t_model.T2TModel):
 
   def logits(self, x):
     """[b, n, hidden] -> [b, n, vocab]: [final_dense_1 when dims differ], final_dense_2."""
-    return chunked_loss.project(*self.output_layer(x))
+    return memory_lib.project(*self.output_layer(x))
 
   def loss_weights_fn(self):
     """T2T's per-token weights function of the targets (hparams.weights_fn or the modality's)."""
@@ -585,7 +399,7 @@ class RoutingTransformer(t2t_model.T2TModel):
   def chunked_training_loss(self, x, kernel, bias, targets):
     """T2T's training loss (num, den) of targets [b, n] (0 = padding) from the output layer
     (x [b, n, e], kernel, bias of `output_layer`), `logits_chunk_size` positions at a time
-    (core/chunked_loss.py): the sum over the positions of weights_nonzero(targets) x T2T's
+    (`memory_lib.chunked_loss`): the sum over the positions of weights_nonzero(targets) x T2T's
     smoothing cross-entropy (label_smoothing as in T2T's loss) times the problem's
     loss_multiplier, and the sum of the weights."""
     hparams = self.hparams
@@ -596,7 +410,7 @@ class RoutingTransformer(t2t_model.T2TModel):
       return common_layers.smoothing_cross_entropy(logits, labels, logits.shape[-1], confidence)
 
     weights = common_layers.weights_nonzero(targets)
-    num = chunked_loss.chunked_loss(x, kernel, bias, targets, weights,
+    num = memory_lib.chunked_loss(x, kernel, bias, targets, weights,
                                     hparams.logits_chunk_size, xent)
     return num * self._problem_hparams.loss_multiplier, tf.reduce_sum(weights)
 
@@ -650,7 +464,7 @@ class RoutingTransformer(t2t_model.T2TModel):
       self.check_chunked_loss(features)
       output = self.output_layer(x)
       losses["training"] = self.chunked_training_loss(*output, ids)
-      logits = chunked_loss.project(*output)
+      logits = memory_lib.project(*output)
     elif self.is_train and not self.plain_loss_problems(features):
       # T2T's loss pads the targets with 0 (weight 0) to the logits' length: no slice (whose
       # gradient would copy the [b, n, vocab] gradient into a new tensor).

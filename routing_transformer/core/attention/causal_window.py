@@ -129,7 +129,7 @@ def causal_window_attention(q, k, v, centroids, window, share_qk=True, padding=N
   logits = common.scale_logits(logits, logit_scale)
   if exclude_self:  # the query's own slot is at sorted distance 0
     allowed = common.exclude_self(allowed, tf.equal(distance, 0))
-  probs = common.ordered_softmax(logits, allowed)  # the same in every slot of a block
+  probs = common.masked_softmax(logits, allowed, ordered=True)  # the same in every slot of a block
   dropped = common.attention_dropout(probs, dropout_rate)
   if pad is not None:  # a query whose allowed keys are all padding gets 0
     dropped = common.zero_empty_rows(dropped, allowed)

@@ -5,15 +5,12 @@ Shapes use b = batch, h = heads, n = length, d = depth per head.
 import tensorflow as tf
 
 from routing_transformer.core import norm
-from routing_transformer.core import rebuild
-from routing_transformer.core import slicing
 
 
 # LayerNorm without scale, routing's normalisation; defined in core/norm.py, which the k-means
 # imports without importing this package.
 layer_norm_no_scale = norm.layer_norm_no_scale
 compute_dtype = norm.compute_dtype
-slice_axis = slicing.slice_axis  # x[..., start:start + size, ...] along an axis, as tf.slice
 
 
 def mask_value(dtype):
@@ -22,103 +19,41 @@ def mask_value(dtype):
   return tf.constant(-0.7 * dtype.max, dtype=dtype)
 
 
-def masked_softmax(logits, allowed, zero_empty=False):
-  """Softmax over the last axis restricted to `allowed` (masked entries get probability 0).
-
-  A row with nothing allowed comes out uniform, or 0 with `zero_empty` (what callers that can
-  produce such rows, only with padding, ask for: `zero_empty_rows` of the probabilities). The
-  backward pass keeps only the probabilities and the mask and builds one [..., m] select
-  (`kept_output_softmax`).
-
-  Low-precision logits (bfloat16, float16: hparam `activation_dtype`) are masked and normalised
-  in float32 (`float32_softmax`); the probabilities come back in the logits' dtype.
-
-  Args:
-    logits: [..., m] float tensor.
-    allowed: bool tensor broadcastable to logits.
-    zero_empty: Python bool.
-  Returns:
-    [..., m] probabilities of the logits' dtype.
-  """
-  return kept_output_softmax(logits, allowed, zero_empty)
+def slice_axis(x, axis, start, size):
+  """x[..., start:start + size, ...] along `axis`, as tf.slice."""
+  rank = x.shape.rank
+  axis %= rank
+  begin, sizes = [0] * rank, [-1] * rank
+  begin[axis], sizes[axis] = start, size
+  return tf.slice(x, begin, sizes)
 
 
-def float32_softmax(logits, allowed):
-  """`masked_softmax` of low-precision logits computed in float32, the probabilities rounded
-  back to the logits' dtype (`kept_output_softmax`)."""
-  return kept_output_softmax(logits, allowed)
-
-
-def _softmax_gradient(p, dp, allowed=None):
-  """TF's softmax gradient p (dp - sum(dp p)) of probabilities p [..., m] under dp, 0 where not
-  `allowed` when given (as through a masking `where`, also in a row with nothing allowed, which
-  the softmax makes uniform)."""
-  dx = p * (dp - tf.reduce_sum(dp * p, axis=-1, keepdims=True))
-  return dx if allowed is None else tf.where(allowed, dx, tf.zeros([], dx.dtype))
-
-
-def kept_output_softmax(logits, allowed, zero_empty=False):
-  """`masked_softmax` whose backward pass keeps only its output p (in the logits' dtype) and
-  the mask, and computes dlogits = p (dp - sum(dp p)) (TF's softmax gradient), 0 where masked
-  (as through the masking `where`; p is 0 there except in a row with nothing allowed), in
-  float32 for low-precision logits (no float32 copy kept). The masking `where`'s own gradient is
-  not built: under T2T's gated gradients (`gate_gradients=GATE_OP`) it also computed the mask
-  value's [..., m] gradient. With `zero_empty` the rows with nothing allowed
-  are 0 in p (`zero_empty_rows`): their gradient is 0, as through the zeroing's product, and
-  neither the uniform rows' probabilities nor a second [..., m] tensor is kept.
+def masked_softmax(logits, allowed, zero_empty=False, ordered=False):
+  """Softmax over the last axis restricted to `allowed` (masked entries get probability 0),
+  computed in float32 for low-precision logits, returned in the logits' dtype.
 
   Args:
     logits: [..., m] float tensor.
     allowed: bool tensor broadcastable to logits.
-    zero_empty: Python bool.
+    zero_empty: rows with nothing allowed come out 0 (`zero_empty_rows`), else uniform.
+    ordered: the denominator adds each row in key order (a cumulative sum), so a row's
+      probabilities are bit for bit the same wherever its allowed entries sit in the row
+      (causal_window's cached and whole-sequence outputs agree exactly).
   Returns:
     [..., m] probabilities of the logits' dtype.
   """
   dtype = logits.dtype.base_dtype
-  wide = tf.float32 if dtype in norm.LOW_PRECISION else dtype
-
-  @tf.custom_gradient
-  def softmax(x):
-    probs = tf.nn.softmax(tf.where(allowed, tf.cast(x, wide), mask_value(wide)))
-    if zero_empty:
-      probs = zero_empty_rows(probs, allowed)
-    probs = tf.cast(probs, dtype)
-
-    def grad(dprobs):
-      # a low-precision output's widened copy: made in the backward pass, not kept from before
-      p, dp = tf.cast(rebuild.after(dprobs, probs)[0], wide), tf.cast(dprobs, wide)
-      # with zero_empty p is 0 wherever masked; else a uniform row's masked entries need the mask
-      return tf.cast(_softmax_gradient(p, dp, None if zero_empty else allowed), dtype)
-
-    return probs, grad
-
-  return softmax(logits)
-
-
-def ordered_softmax(logits, allowed):
-  """`masked_softmax` whose denominator adds each row in key order (the last entry of a
-  cumulative sum, a sequential scan), not in the order of a vectorised reduction: a row's
-  probabilities are then bit for bit the same wherever its allowed entries sit in the row (the
-  masked entries add exact zeros), which a reduction over SIMD lanes and accumulators does not
-  give once a row spans several packets (causal_window at w >= 32 on AVX2). The row maximum is
-  exact in any order and carries no gradient (the softmax does not depend on it). The backward
-  pass is the softmax's, p (dp - sum(dp p)), masked entries 0, and keeps only the output: the
-  division's own gradient read e, the sum and -e / sum^2, the last computed before the incoming
-  gradient existed, so the executor ran it in the forward pass and kept it until the backward.
-
-  Args and returns as `masked_softmax`.
-  """
-  @tf.custom_gradient
-  def softmax(logits):
-    x = tf.where(allowed, logits, mask_value(logits.dtype))
-    e = tf.exp(x - tf.reduce_max(x, axis=-1, keepdims=True))
+  x = tf.where(allowed, tf.cast(logits, norm.compute_dtype(dtype)),
+               mask_value(norm.compute_dtype(dtype)))
+  if ordered:
+    e = tf.exp(x - tf.stop_gradient(tf.reduce_max(x, axis=-1, keepdims=True)))
     last = e.shape.rank - 1
-    total = slice_axis(tf.cumsum(e, axis=last), last, e.shape[-1] - 1, 1)  # [..., 1]
-    probs = e / total
-
-    return probs, lambda dprobs: _softmax_gradient(probs, dprobs, allowed)
-
-  return softmax(logits)
+    probs = e / slice_axis(tf.cumsum(e, axis=last), last, e.shape[-1] - 1, 1)
+  else:
+    probs = tf.nn.softmax(x)
+  if zero_empty:
+    probs = zero_empty_rows(probs, allowed)
+  return tf.cast(probs, dtype)
 
 
 def attention_dropout(probs, rate):
@@ -157,28 +92,6 @@ def exclude_self(allowed, is_self):
   """
   others = tf.logical_and(allowed, tf.logical_not(is_self))
   return tf.where(tf.reduce_any(others, axis=-1, keepdims=True), others, allowed)
-
-
-def times_constant(x, factor):
-  """x * factor for a Python number `factor`; 1 returns x itself. The gradient is dy * factor
-  only: TF's Mul gradient also computes the factor's, sum(x dy), which an optimizer's
-  gate_gradients=GATE_OP (T2T's) runs, so the plain product keeps x for the backward pass.
-
-  Args:
-    x: float tensor; factor: Python int or float (anything else: the plain product).
-  Returns:
-    x * factor, the same values as the plain product.
-  """
-  if not isinstance(factor, (int, float)) or isinstance(factor, bool):
-    return x * factor
-  if factor == 1:
-    return x
-
-  @tf.custom_gradient
-  def product(t):
-    return t * factor, lambda dy: dy * factor
-
-  return product(x)
 
 
 def scale_logits(logits, scale):
@@ -343,29 +256,7 @@ def relative_outputs(probs, table, query_start, key_start, causal=False):
   num_queries, num_keys = probs.shape[-2], probs.shape[-1]
   rows = _distance_rows(table, query_start, num_queries, key_start, num_keys, causal,
                         probs.dtype)
-  return _distance_weighted_rows(probs, rows)
-
-
-@tf.custom_gradient
-def _distance_weighted_rows(probs, rows):
-  """unskew(probs) . rows; the backward pass recomputes unskew(probs) (a pad and a reshape)
-  instead of keeping the [..., q, q + k - 1] per-distance weights alive from the forward pass
-  (probs itself is kept anyway by the softmax and the value matmul). The recomputation waits
-  for the incoming gradient: without that wait nothing orders it after the forward pass, and
-  the executor ran it early, keeping every layer's per-distance weights alive until the
-  backward pass."""
-  num_keys, num_distances = probs.shape[-1], rows.shape[0]
-  axis = probs.shape.rank - 1
-  out = tf.tensordot(unskew(probs, num_distances), rows, [[axis], [0]])
-
-  def grad(dout):
-    dprobs = skew(tf.tensordot(dout, rows, [[axis], [1]]), num_keys)
-    per_distance = tf.reshape(unskew(rebuild.after(dout, probs)[0], num_distances),
-                              [-1, num_distances])
-    drows = tf.matmul(per_distance, tf.reshape(dout, [-1, rows.shape[1]]), transpose_a=True)
-    return dprobs, drows
-
-  return out, grad
+  return tf.tensordot(unskew(probs, rows.shape[0]), rows, [[probs.shape.rank - 1], [0]])
 
 
 def check_qkv(q, k, v, name):

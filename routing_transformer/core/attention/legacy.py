@@ -17,8 +17,7 @@ from routing_transformer.core.attention import routing
 
 def causal_key_routing_attention(q, k, v, centroids, window, padding=None, relative_keys=None,
                                  relative_values=None, random_routing=False, exclude_self=False,
-                                 logit_scale=None, dropout_rate=0.0, padding_as_original=False,
-                                 recompute=False):
+                                 logit_scale=None, dropout_rate=0.0, padding_as_original=False):
   """Causal routing attention with keys routed by their own scores (the original's rule).
 
   Args and returns as `routing.routing_attention` with causal=True, share_qk=False; aux
@@ -32,22 +31,22 @@ def causal_key_routing_attention(q, k, v, centroids, window, padding=None, relat
                       member_padding=member_pad,
                       weights=routing.position_weights(kmeans_pad, tf.shape(q_hat)[0],
                                                        q_hat.shape[2]),
-                      random_routing=random_routing, with_loss=not recompute)
-  return routing.attend_in_clusters(aux, q, k, v, mu, window, True, False, key_pad, rel_k,
-                                    rel_v, exclude_self, logit_scale, dropout_rate, recompute)
+                      random_routing=random_routing)
+  return routing.cluster_attention(aux, v, window, True, key_pad, rel_k, rel_v, exclude_self,
+                                   logit_scale, dropout_rate)
 
 
 def routing_attention(q, k, v, centroids, window, causal=True, share_qk=True, padding=None,
                       relative_keys=None, relative_values=None, random_routing=False,
                       exclude_self=False, logit_scale=None, legacy_causal_key_routing=False,
-                      dropout_rate=0.0, padding_as_original=False, recompute=False):
+                      dropout_rate=0.0, padding_as_original=False):
   """`routing.routing_attention` with the switch `legacy_causal_key_routing` (the package's
   `attention.routing_attention`): on, causal, with separate keys, the original's rule
   (`causal_key_routing_attention`); otherwise the paper's routing, argument for argument."""
   if legacy_causal_key_routing and causal and not share_qk:
     return causal_key_routing_attention(
         q, k, v, centroids, window, padding, relative_keys, relative_values, random_routing,
-        exclude_self, logit_scale, dropout_rate, padding_as_original, recompute)
+        exclude_self, logit_scale, dropout_rate, padding_as_original)
   return routing.routing_attention(
       q, k, v, centroids, window, causal, share_qk, padding, relative_keys, relative_values,
-      random_routing, exclude_self, logit_scale, dropout_rate, padding_as_original, recompute)
+      random_routing, exclude_self, logit_scale, dropout_rate, padding_as_original)

@@ -8,7 +8,7 @@ import tensorflow as tf
 
 from routing_transformer.core.attention import common
 from routing_transformer.core.attention import full
-from routing_transformer.core import rebuild
+from routing_transformer.core import memory
 
 
 def check_blocks(length, block_length, flange, name):
@@ -76,7 +76,7 @@ def memory_product(a, x, block_length, before, after, adjoint_b=False):
     def grad(dout):
       with tf.GradientTape() as tape:
         tape.watch([a, x])
-        again = product(a, rebuild.after(dout, x)[0])  # the blocks, in the backward pass
+        again = product(a, memory.after(dout, x)[0])  # the blocks, in the backward pass
       return tape.gradient(again, [a, x], output_gradients=dout)
 
     return product(a, x), grad
@@ -118,7 +118,7 @@ def local_attention(q, k, v, block_length, flange, causal=True, relative_keys=No
   before = flange // block_length
   after = 0 if causal else before
 
-  q_blocks = tf.reshape(common.times_constant(q, scale), [-1, heads, num_blocks, block_length,
+  q_blocks = tf.reshape(q * scale, [-1, heads, num_blocks, block_length,
                                                           depth])
   # q_blocks . memory_blocks(k) [b, h, nb, bq, W]; the backward pass rebuilds the blocks
   logits = memory_product(q_blocks, k, block_length, before, after, adjoint_b=True)

@@ -10,13 +10,10 @@ Cost O(n c d + c w^2 d); with c = n / w and w ~ sqrt(n) this is O(n^1.5 d).
 `routing_attention` is those steps in order: `normalised_inputs` (1), `route` (2, 3: assignments,
 commitment loss, members), `cluster_attention` (4 to 7). The original release's causal rule with
 separate keys, which only its checkpoints need, is `legacy.causal_key_routing_attention`.
-With recompute=True (hparam `recompute_attention`) the normalisation, the commitment loss and
-steps 4 to 7 keep only q, k, v for the backward pass and run again there (`recomputed_routing`).
 """
 import tensorflow as tf
 
 from routing_transformer.core import kmeans
-from routing_transformer.core import recompute as recompute_lib
 from routing_transformer.core.attention import common
 
 COUNT_EPSILON = 1e-2
@@ -162,7 +159,7 @@ def members(scores, window, padding=None, random_routing=False):
 
 
 def route(q_hat, k_hat, mu, window, share_qk, route_keys, member_padding=None, weights=None,
-          random_routing=False, with_loss=True):
+          random_routing=False):
   """Assignments, commitment loss and balanced cluster members (steps 2 and 3).
 
   Args:
@@ -175,10 +172,9 @@ def route(q_hat, k_hat, mu, window, share_qk, route_keys, member_padding=None, w
     member_padding: optional bool [b, n]; these positions lose every top-k tie.
     weights: [b, n] k-means weight of each position (commitment loss, statistics); default 1.
     random_routing: members drawn at random (the Random Transformer baseline).
-    with_loss: compute the commitment loss here (`recomputed_routing` computes it itself).
   Returns:
     aux dict: "q_hat", "k_hat", "weights", "query_clusters", "key_clusters" (without
-    share_qk), "commitment_loss" (with_loss), "query_indices", "key_indices" (see
+    share_qk), "commitment_loss", "query_indices", "key_indices" (see
     `routing_attention`).
   """
   if weights is None:
@@ -193,8 +189,7 @@ def route(q_hat, k_hat, mu, window, share_qk, route_keys, member_padding=None, w
     aux["key_clusters"] = kmeans.assignments(key_scores)
     if route_keys:
       aux["key_indices"] = members(key_scores, window, member_padding, random_routing)
-  if with_loss:
-    aux["commitment_loss"] = commitment(q_hat, k_hat, mu, aux, share_qk)
+  aux["commitment_loss"] = commitment(q_hat, k_hat, mu, aux, share_qk)
   return aux
 
 
@@ -275,64 +270,10 @@ def cluster_attention(aux, v, window, causal, key_padding=None, relative_keys=No
   return tf.cast(summed / (count + COUNT_EPSILON), v.dtype), aux
 
 
-def recomputed_routing(q, k, v, mu, aux, window, causal, share_qk, key_padding=None,
-                       relative_keys=None, relative_values=None, exclude_self=False,
-                       logit_scale=None):
-  """The normalisation, the commitment loss and `cluster_attention` (without dropout) as one
-  function of q, k, v, the tables and the logit scale that keeps only them for the backward pass
-  and re-runs there once the output's gradient has arrived (`recompute.recompute_function`).
-
-  The routing decisions (aux's clusters and members, from `route` with_loss=False) come from the
-  forward's q_hat, k_hat, which then carry no gradient: neither they nor the normalisation's
-  intermediates, the differences to the centroids or the cluster weights [b, h, c, w, w] are
-  kept, and the commitment loss's gradient [b, h, n, d] is computed with the attention's. The
-  same values and gradients as the kept computation; the diagnostics carry no gradient.
-
-  Args:
-    q, k, v: [b, h, n, d] as given to `routing_attention` (k unused with share_qk).
-    mu: [h, c, d] stop-gradient centroids; aux: from `route`.
-    Others as in `cluster_attention`.
-  Returns:
-    (output [b, h, n, d] of v's dtype, aux with "commitment_loss", "member_count",
-    "self_weight").
-  """
-  wide = aux["q_hat"].dtype
-  scale_is_tensor = isinstance(logit_scale, (tf.Tensor, tf.Variable))
-  decisions = {key: aux[key] for key in ("query_indices", "key_indices", "query_clusters",
-                                        "key_clusters", "weights") if key in aux}
-
-  def attend(q, k, v, rel_k, rel_v, scale):
-    q_hat = common.layer_norm_no_scale(q, dtype=wide)
-    k_hat = q_hat if share_qk else common.layer_norm_no_scale(k, dtype=wide)
-    inner = dict(decisions, q_hat=q_hat, k_hat=k_hat)
-    loss = commitment(q_hat, k_hat, mu, inner, share_qk)
-    out, inner = cluster_attention(inner, v, window, causal, key_padding, rel_k, rel_v,
-                                   exclude_self, scale if scale_is_tensor else logit_scale)
-    return out, loss, inner["member_count"], inner["self_weight"]
-
-  out, aux["commitment_loss"], aux["member_count"], aux["self_weight"] = (
-      recompute_lib.recompute_function(
-          attend, q, None if share_qk else k, v, relative_keys, relative_values,
-          tf.convert_to_tensor(logit_scale) if scale_is_tensor else None, differentiable=2))
-  return out, aux
-
-
-def attend_in_clusters(aux, q, k, v, mu, window, causal, share_qk, key_padding, relative_keys,
-                       relative_values, exclude_self, logit_scale, dropout_rate, recompute):
-  """Steps 4 to 7: `cluster_attention`, or with recompute `recomputed_routing` (aux from
-  `route` with_loss=not recompute)."""
-  if not recompute:
-    return cluster_attention(aux, v, window, causal, key_padding, relative_keys,
-                             relative_values, exclude_self, logit_scale, dropout_rate)
-  recompute_lib.refuse_dropout(dropout_rate, "routing_attention")
-  return recomputed_routing(q, k, v, mu, aux, window, causal, share_qk, key_padding,
-                            relative_keys, relative_values, exclude_self, logit_scale)
-
-
 def routing_attention(q, k, v, centroids, window, causal=True, share_qk=True, padding=None,
                       relative_keys=None, relative_values=None, random_routing=False,
                       exclude_self=False, logit_scale=None, dropout_rate=0.0,
-                      padding_as_original=False, recompute=False):
+                      padding_as_original=False):
   """Content-based sparse attention inside balanced clusters (Roy et al., TACL 2021,
   Algorithm 1).
 
@@ -355,9 +296,6 @@ def routing_attention(q, k, v, centroids, window, causal=True, share_qk=True, pa
       per-head [h] tensor multiplying the logits (relative logits included).
     dropout_rate: attention dropout on the weights (hparam `attention_dropout` in TRAIN mode).
     padding_as_original: padding as the original release treats it (`padding_roles`).
-    recompute: the normalisation, the commitment loss and the cluster attention keep only q,
-      k, v (and the tables, the scale) for the backward pass and run again there
-      (`recomputed_routing`; refuses dropout).
   With bfloat16 (float16) q, k, v (hparam `activation_dtype`), everything after the
   normalisation (scores, k-means terms, cluster logits, softmax, values) is computed in float32
   and only the output is cast back.
@@ -377,10 +315,9 @@ def routing_attention(q, k, v, centroids, window, causal=True, share_qk=True, pa
       "routing_attention")
   key_pad, member_pad, kmeans_pad = padding_roles(pad, causal, padding_as_original)
   aux = route(q_hat, k_hat, mu, window, share_qk, not causal, member_pad,
-              position_weights(kmeans_pad, tf.shape(q_hat)[0], q_hat.shape[2]), random_routing,
-              with_loss=not recompute)
-  return attend_in_clusters(aux, q, k, v, mu, window, causal, share_qk, key_pad, rel_k, rel_v,
-                            exclude_self, logit_scale, dropout_rate, recompute)
+              position_weights(kmeans_pad, tf.shape(q_hat)[0], q_hat.shape[2]), random_routing)
+  return cluster_attention(aux, v, window, causal, key_pad, rel_k, rel_v, exclude_self,
+                           logit_scale, dropout_rate)
 
 
 def routing_statistics(member_count, self_weight, weights):
