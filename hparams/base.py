@@ -89,7 +89,7 @@ def sparse_transformer_local():
       random_routing=False,      # Random Transformer baseline: members drawn at random
       # Legacy switches reproducing defects of the original release (off in every set):
       # for its checkpoints trained with share_qk=False, causal keys routed by their own centroid
-      # scores with a rank-triangle mask (core/attention/legacy.py);
+      # scores with a rank-triangle mask (core/attention/routing.py);
       legacy_causal_key_routing=False,
       # to continue or compare its runs step for step, its k-means counts, which interleave the
       # routing heads with the positions (kmeans.interleaved_counts; the sums stay per head).

@@ -415,9 +415,9 @@ def topk_cluster_attention(q, v, mu, window, causal, exclude_self, compare):
   q_hat = common.layer_norm_no_scale(q)
   aux = routing.route(q_hat, q_hat, tf.stop_gradient(mu), window, True, not causal)
   if compare:
-    aux["key_indices"] = tf.identity(aux["query_indices"])
+    aux = aux._replace(key_indices=tf.identity(aux.query_indices))
   out, aux = routing.cluster_attention(aux, v, window, causal, exclude_self=exclude_self)
-  return out, aux["self_weight"]
+  return out, aux.self_weight
 
 
 @pytest.mark.parametrize("causal,exclude_self", [(True, False), (True, True), (False, True)])

@@ -272,7 +272,7 @@ def recomputed_attention(attend, routing_qkv, local_qkv, routing_tables, local_t
   inputs = [tf.convert_to_tensor(t) if t is not None else None for t in
             list(routing_qkv or (None,) * 3) + list(local_qkv or (None,) * 3) +
             list(routing_tables) + list(local_tables) + [scale]]
-  keys = []
+  keys, kind = [], []
 
   def fn(rq, rk, rv, lq, lk, lv, rrk, rrv, lrk, lrv, scale, replay):
     kw = dict(options, logit_scale=scale) if scale is not None else options
@@ -280,14 +280,17 @@ def recomputed_attention(attend, routing_qkv, local_qkv, routing_tables, local_t
                       None if local_qkv is None else (lq, lk, lv), (rrk, rrv), (lrk, lrv), kw)
     if aux is None:
       return out
+    items = aux._asdict() if hasattr(aux, "_asdict") else dict(aux)  # Routed, or causal_window's
     if not replay:
-      keys.extend(sorted(key for key in aux if key != "commitment_loss"))
-    return (out, aux["commitment_loss"]) + tuple(aux[key] for key in keys)
+      kind.append(type(aux))
+      keys.extend(sorted(k for k, t in items.items() if t is not None and k != "commitment_loss"))
+    return (out, items["commitment_loss"]) + tuple(items[k] for k in keys)
 
   result = memory.recompute(fn, inputs, differentiable=2)
   if not isinstance(result, tuple):
     return result, None
-  return result[0], dict(zip(keys, result[2:]), commitment_loss=result[1])
+  values = dict(zip(keys, result[2:]), commitment_loss=result[1])
+  return result[0], values if kind[0] is dict else kind[0](**values)
 
 
 def self_attention_cache(hparams, layer_index, batch, length, dtype=tf.float32):

@@ -1,22 +1,41 @@
-"""Routing attention (Algorithm 1 of Roy et al., 2021): attention inside balanced k-means clusters.
+"""Routing attention (Roy et al., TACL 2021, Algorithm 1): attention inside balanced k-means
+clusters, in the size of lucidrains' `KmeansAttention`.
 
-For routing heads with q, k, v of shape [b, h, n, d] and centroids mu of shape [h, c, d]:
-normalise q and k (LayerNorm without scale), score every position against every centroid, let each
-centroid c take the `window` = w best positions (sorted back into sequence order), attend inside
-each w x w cluster block (causal triangle in causal mode, unscaled logits), and scatter the cluster
-outputs back, dividing by how many clusters each position is in (+ 1e-2).
-Cost O(n c d + c w^2 d); with c = n / w and w ~ sqrt(n) this is O(n^1.5 d).
-
-`routing_attention` is those steps in order: `normalised_inputs` (1), `route` (2, 3: assignments,
-commitment loss, members), `cluster_attention` (4 to 7). The original release's causal rule with
-separate keys, which only its checkpoints need, is `legacy.causal_key_routing_attention`.
+Routing heads q, k, v [b, h, n, d], centroids mu [h, c, d]: (1) normalise q and k (LayerNorm
+without scale); (2) assign each to its best centroid (commitment loss); (3) each centroid takes
+its `window` = w best positions, in sequence order; (4-6) attend inside each w x w cluster block
+(causal triangle, unscaled logits); (7) scatter back, divided by each position's cluster count
+(+ 1e-2). Cost O(n c d + c w^2 d), O(n^1.5 d) with c = n / w, w ~ sqrt(n).
 """
+import collections
+
 import tensorflow as tf
 
 from routing_transformer.core import kmeans
 from routing_transformer.core.attention import common
 
 COUNT_EPSILON = 1e-2
+
+_FIELDS = ("q_hat", "k_hat", "weights", "query_clusters", "key_clusters", "query_indices",
+           "key_indices", "commitment_loss", "member_count", "self_weight")
+
+
+class Routed(collections.namedtuple("Routed", _FIELDS, defaults=(None,) * len(_FIELDS))):
+  """What routing decided and measured (the k-means step reads it).
+
+  q_hat, k_hat: [b, h, n, d] normalised queries, keys (the same tensor with share_qk);
+  weights: [b, n] 1 for real positions, 0 for padding; query_clusters, key_clusters: int32
+  [b, h, n] argmax centroids (key_clusters None with share_qk); query_indices, key_indices: int32
+  [b, h, c, w] cluster members; commitment_loss: float32 scalar; member_count, self_weight:
+  [b, h, n] diagnostics (`routing_statistics`). Also read as `routed["q_hat"]`.
+  """
+  __slots__ = ()
+
+  def __getitem__(self, key):
+    return getattr(self, key) if isinstance(key, str) else super().__getitem__(key)
+
+  def __contains__(self, key):
+    return getattr(self, key, None) is not None
 
 
 def centroid_scores(x_hat, centroids):
@@ -160,46 +179,32 @@ def members(scores, window, padding=None, random_routing=False):
 
 def route(q_hat, k_hat, mu, window, share_qk, route_keys, member_padding=None, weights=None,
           random_routing=False):
-  """Assignments, commitment loss and balanced cluster members (steps 2 and 3).
+  """Steps 2 and 3: assignments, commitment loss and balanced cluster members -> Routed.
 
   Args:
-    q_hat, k_hat: [b, h, n, d] normalised queries and keys (one tensor with share_qk).
-    mu: [h, c, d] centroids (stop-gradient).
-    window: w, members per cluster.
-    share_qk: the keys are the queries.
-    route_keys: without share_qk, the keys of cluster c are the top-w positions of the keys' own
-      scores (non-causal attention); otherwise they are the query members.
-    member_padding: optional bool [b, n]; these positions lose every top-k tie.
-    weights: [b, n] k-means weight of each position (commitment loss, statistics); default 1.
+    q_hat, k_hat: [b, h, n, d] normalised queries and keys; mu: [h, c, d] (stop-gradient).
+    window: w; share_qk: the keys are the queries.
+    route_keys: without share_qk, the keys' members are their own top-w positions (non-causal
+      attention, or the original's causal rule); otherwise the query members.
+    member_padding: optional bool [b, n], positions that lose every top-k tie.
+    weights: [b, n] k-means weight of each position; default 1.
     random_routing: members drawn at random (the Random Transformer baseline).
-  Returns:
-    aux dict: "q_hat", "k_hat", "weights", "query_clusters", "key_clusters" (without
-    share_qk), "commitment_loss", "query_indices", "key_indices" (see
-    `routing_attention`).
   """
   if weights is None:
     weights = position_weights(None, tf.shape(q_hat)[0], q_hat.shape[2])
   query_scores = centroid_scores(q_hat, mu)
-  aux = {"q_hat": q_hat, "k_hat": k_hat, "weights": weights,
-         "query_clusters": kmeans.assignments(query_scores)}
-  aux["query_indices"] = members(query_scores, window, member_padding, random_routing)
-  aux["key_indices"] = aux["query_indices"]
+  query_clusters = kmeans.assignments(query_scores)
+  query_indices = key_indices = members(query_scores, window, member_padding, random_routing)
+  key_clusters = None
+  loss = kmeans.commitment_loss(q_hat, mu, query_clusters, weights)
   if not share_qk:  # keys commit to (and, when routed, are routed by) their own centroids
     key_scores = centroid_scores(k_hat, mu)
-    aux["key_clusters"] = kmeans.assignments(key_scores)
+    key_clusters = kmeans.assignments(key_scores)
+    loss = 0.5 * (loss + kmeans.commitment_loss(k_hat, mu, key_clusters, weights))
     if route_keys:
-      aux["key_indices"] = members(key_scores, window, member_padding, random_routing)
-  aux["commitment_loss"] = commitment(q_hat, k_hat, mu, aux, share_qk)
-  return aux
-
-
-def commitment(q_hat, k_hat, mu, aux, share_qk):
-  """The commitment loss of the queries (and, without share_qk, the mean with the keys') to
-  their assigned centroids (aux "query_clusters", "key_clusters"; weights aux "weights")."""
-  loss = kmeans.commitment_loss(q_hat, mu, aux["query_clusters"], aux["weights"])
-  if not share_qk:
-    loss = 0.5 * (loss + kmeans.commitment_loss(k_hat, mu, aux["key_clusters"], aux["weights"]))
-  return loss
+      key_indices = members(key_scores, window, member_padding, random_routing)
+  return Routed(q_hat, k_hat, weights, query_clusters, key_clusters, query_indices, key_indices,
+                loss)
 
 
 def cluster_attention(aux, v, window, causal, key_padding=None, relative_keys=None,
@@ -208,7 +213,7 @@ def cluster_attention(aux, v, window, causal, key_padding=None, relative_keys=No
   """Attention inside every cluster and the scatter back (steps 4 to 7).
 
   Args:
-    aux: from `route`; gains the diagnostics "member_count" and "self_weight".
+    aux: Routed from `route`; returned with member_count and self_weight.
     v: [b, h, n, d] values.
     window: w.
     causal: inside a cluster, key rank <= query rank (key position <= query position when the
@@ -221,11 +226,11 @@ def cluster_attention(aux, v, window, causal, key_padding=None, relative_keys=No
     (output [b, h, n, d] of v's dtype, aux). Logits, softmax, values and the scatter are
     computed in q_hat's dtype (float32 when v is bfloat16).
   """
-  q_hat, query_indices, key_indices = aux["q_hat"], aux["query_indices"], aux["key_indices"]
+  q_hat, query_indices, key_indices = aux.q_hat, aux.query_indices, aux.key_indices
   n = q_hat.shape[2]
   q_c = gather_clusters(q_hat, query_indices)  # [b, h, c, w, d]
-  shared = aux["k_hat"] is q_hat and key_indices is query_indices  # share_qk: one gather
-  k_c = q_c if shared else gather_clusters(aux["k_hat"], key_indices)
+  shared = aux.k_hat is q_hat and key_indices is query_indices  # share_qk: one gather
+  k_c = q_c if shared else gather_clusters(aux.k_hat, key_indices)
   v_c = gather_clusters(tf.cast(v, q_hat.dtype), key_indices)
   logits = tf.matmul(q_c, k_c, transpose_b=True)  # [b, h, c, w, w]
   ranks = tf.range(window)
@@ -264,57 +269,45 @@ def cluster_attention(aux, v, window, causal, key_padding=None, relative_keys=No
     is_self = tf.cast(tf.equal(query_indices[..., :, tf.newaxis],
                                key_indices[..., tf.newaxis, :]), probs.dtype)
     self_probs = tf.reduce_sum(probs * is_self, axis=-1, keepdims=True)  # [b, h, c, w, 1]
-  aux["member_count"] = count[..., 0]
-  aux["self_weight"] = (scatter_clusters(self_probs, query_indices, n) /
-                        (count + COUNT_EPSILON))[..., 0]
+  self_weight = scatter_clusters(self_probs, query_indices, n) / (count + COUNT_EPSILON)
+  aux = aux._replace(member_count=count[..., 0], self_weight=self_weight[..., 0])
   return tf.cast(summed / (count + COUNT_EPSILON), v.dtype), aux
 
 
 def routing_attention(q, k, v, centroids, window, causal=True, share_qk=True, padding=None,
                       relative_keys=None, relative_values=None, random_routing=False,
-                      exclude_self=False, logit_scale=None, dropout_rate=0.0,
-                      padding_as_original=False):
-  """Content-based sparse attention inside balanced clusters (Roy et al., TACL 2021,
-  Algorithm 1).
+                      exclude_self=False, logit_scale=None, legacy_causal_key_routing=False,
+                      dropout_rate=0.0, padding_as_original=False):
+  """Content-based sparse attention inside balanced clusters (Algorithm 1).
 
   Args:
-    q, k, v: [b, h, n, d] routing-head queries, keys, values.
-    centroids: [h, c, d] k-means centroids (queries and keys share them).
-    window: w, members per cluster.
-    causal: in-cluster causal mask (key position <= query position); key members = query
-      members. Non-causal: keys are routed separately (unless share_qk) and not masked.
-    share_qk: keys are the queries (k_hat = q_hat); `k` is then ignored.
-    padding: optional [b, n] bool/int, True or nonzero marks padding (masked as keys, never
-      preferred as members, excluded from the commitment loss and the k-means statistics).
-    relative_keys, relative_values: optional [2R + 1, d] tables indexed by the rank distance
-      inside the sorted cluster.
-    random_routing: the Random Transformer baseline (paper Table 1): cluster members are drawn
-      uniformly at random instead of by centroid scores (the k-means outputs are still computed).
-    exclude_self: extension (off in the paper): a query does not attend to its own position
-      when its cluster allows it another key (`common.exclude_self`).
-    logit_scale: extension: None (the paper's unscaled q_hat . k_hat logits), a float or a
-      per-head [h] tensor multiplying the logits (relative logits included).
-    dropout_rate: attention dropout on the weights (hparam `attention_dropout` in TRAIN mode).
+    q, k, v: [b, h, n, d] routing-head queries, keys, values (k ignored with share_qk).
+    centroids: [h, c, d] k-means centroids (queries and keys share them); window: w.
+    causal: in-cluster causal mask, key members = query members; non-causal: keys routed
+      separately (unless share_qk), not masked.
+    share_qk: keys are the queries (k_hat = q_hat).
+    padding: optional [b, n] bool/int, True at padding (masked as keys, last in top-k ties, no
+      k-means weight).
+    relative_keys, relative_values: optional [2R + 1, d] tables of the rank distance in a cluster.
+    random_routing: the Random Transformer baseline (paper Table 1): members drawn at random.
+    exclude_self, logit_scale: extensions (off in the paper): no attention to one's own position
+      where another key is allowed (`common.exclude_self`); a float or [h] logit scale.
+    legacy_causal_key_routing: causal with separate keys, the original release's rule (its
+      utils.py `clustered_local_attention_helper`, masked=True): the keys of cluster c are the
+      keys' own top-w positions, masked by rank, so a query may see later keys. Only its
+      checkpoints need it (`tools/checkpoints.py`, `legacy_note`).
+    dropout_rate: attention dropout on the weights (TRAIN mode).
     padding_as_original: padding as the original release treats it (`padding_roles`).
-  With bfloat16 (float16) q, k, v (hparam `activation_dtype`), everything after the
-  normalisation (scores, k-means terms, cluster logits, softmax, values) is computed in float32
-  and only the output is cast back.
+  bfloat16 q, k, v route and attend in float32; only the output is cast back.
   Returns:
-    (output [b, h, n, d] of v's dtype, aux) where aux holds
-      "query_clusters": int32 [b, h, n] argmax centroid of each q_hat,
-      "key_clusters": the same for k_hat (only when not share_qk),
-      "commitment_loss": float32 scalar mean((x - stop_gradient(mu[argmax x]))^2) over real
-        positions (queries and, when not share_qk, keys averaged),
-      "q_hat", "k_hat": [b, h, n, d] normalised vectors; "weights": [b, n] 1 for real positions,
-        0 for padding (with the clusters, the k-means statistics),
-      "query_indices", "key_indices": int32 [b, h, c, w] cluster members,
-      "member_count", "self_weight": [b, h, n] diagnostics (`routing_statistics`).
+    (output [b, h, n, d] of v's dtype, Routed).
   """
   q_hat, k_hat, v, mu, pad, rel_k, rel_v = normalised_inputs(
       q, k, v, centroids, window, share_qk, padding, relative_keys, relative_values,
       "routing_attention")
   key_pad, member_pad, kmeans_pad = padding_roles(pad, causal, padding_as_original)
-  aux = route(q_hat, k_hat, mu, window, share_qk, not causal, member_pad,
+  route_keys = not causal or (legacy_causal_key_routing and not share_qk)
+  aux = route(q_hat, k_hat, mu, window, share_qk, route_keys, member_pad,
               position_weights(kmeans_pad, tf.shape(q_hat)[0], q_hat.shape[2]), random_routing)
   return cluster_attention(aux, v, window, causal, key_pad, rel_k, rel_v, exclude_self,
                            logit_scale, dropout_rate)
