@@ -1,6 +1,6 @@
-"""Layers of the Routing Transformer (tf.compat.v1 graph mode, T2T variable scoping).
-
-Shapes: x [b, n, hidden]; heads are [b, h, n, d_head] with d_head = hidden / heads.
+"""Layers of the Routing Transformer in plain TF ops (tf.compat.v1 graph mode, T2T variable
+scopes): projections, routing / local heads (`heads`), output projection, FFN, enc-dec attention.
+x [b, n, hidden]; heads [b, h, n, d], d = hidden / heads.
 """
 import math
 
@@ -33,16 +33,13 @@ def matmul(x, kernel):
 
 
 def dense_initializer():
-  """The kernel initializer `dense` gets in the current variable scope: the scope's, else the
-  Keras base layer's default (glorot_uniform, tf.compat.v1.layers.dense's), not
-  tf.compat.v1.get_variable's own glorot_uniform (other random ops, other initial values)."""
+  """The scope's initializer, else tf.compat.v1.layers.dense's (Keras' glorot_uniform)."""
   initializer = tf1.get_variable_scope().initializer
   return initializer if initializer is not None else tf.keras.initializers.get("glorot_uniform")
 
 
 def kernel_variables(inputs, units, dtype=tf.float32, use_bias=False):
-  """(kernel [inputs, units], bias [units] or None) in the current variable scope, as
-  tf.compat.v1.layers.dense creates them: `kernel` (`dense_initializer`), `bias` (zeros)."""
+  """(kernel [inputs, units], bias [units] or None) as tf.compat.v1.layers.dense makes them."""
   kernel = tf1.get_variable("kernel", [inputs, units], dtype=dtype,
                             initializer=dense_initializer())
   bias = None
@@ -52,15 +49,13 @@ def kernel_variables(inputs, units, dtype=tf.float32, use_bias=False):
 
 
 def dense_kernel(name, inputs, units, dtype=tf.float32):
-  """The kernel [inputs, units] of `dense(x, units, name)`, for computing with parts of it:
-  variable `name/kernel` (`kernel_variables`)."""
+  """The kernel `name/kernel` [inputs, units] of `dense(x, units, name)`."""
   with tf1.variable_scope(name):
     return kernel_variables(inputs, units, dtype)[0]
 
 
 def dense_variables(name, inputs, units, dtype=tf.float32):
-  """(kernel [inputs, units], bias [units]) of `dense(x, units, name, use_bias=True)`: the
-  variables `name/kernel` and `name/bias` (`kernel_variables`)."""
+  """(kernel, bias) of `dense(x, units, name, use_bias=True)`."""
   with tf1.variable_scope(name):
     return kernel_variables(inputs, units, dtype, use_bias=True)
 
@@ -93,9 +88,8 @@ def head_counts(hparams, layer_index):
 
 
 def kind_columns(kernel, sizes, skip_first=False):
-  """A projection kernel [hidden, s0 + s1] split by head kind: (first s0 columns, last s1), None
-  for a kind of size 0 (and for the first with skip_first). tf.split / tf.slice of the small
-  kernel (gradients: a concat / a pad), so the activations are never sliced."""
+  """A kernel [hidden, s0 + s1] split by head kind: (first s0 columns, last s1), None for a kind
+  of size 0 (and for the first with skip_first)."""
   first, second = sizes
   kernel = tf.convert_to_tensor(kernel)
   if skip_first or not first:
@@ -108,15 +102,9 @@ def kind_columns(kernel, sizes, skip_first=False):
 
 
 def projections(x, hparams, layer_index):
-  """q (scaled by d^-0.5), k, v of one layer per head kind: [b, n, hidden] -> (routing, local),
-  each (q, k, v) of [b, heads of the kind, n, d], or None for a kind without heads.
-
-  One [hidden, hidden] kernel per projection (variables `q/kernel`, `k/kernel`, `v/kernel`, as
-  `dense` creates them) whose first columns belong to the routing heads; each kind is projected
-  with its own columns, so no [b, h, n, d] activation is sliced (or its gradient padded) per
-  kind. With share_qk the routing heads' keys are their normalised queries: their key columns
-  are not multiplied and the routing k is None (the kernel keeps its shape for checkpoints).
-  """
+  """x [b, n, hidden] -> (routing, local), each (q * d^-0.5, k, v) [b, heads of the kind, n, d]
+  or None, from the kernels `q/kernel`, `k/kernel`, `v/kernel` [hidden, hidden] (routing heads'
+  columns first). With share_qk the routing k is None (keys are the normalised queries)."""
   num_routing, num_local, depth = head_counts(hparams, layer_index)
   sizes = (num_routing * depth, num_local * depth)
   kinds = ([], [])
@@ -126,7 +114,8 @@ def projections(x, hparams, layer_index):
     for kind, columns in enumerate(kind_columns(kernel, sizes, skip)):
       y = None
       if columns is not None:
-        y = heads.split_heads(matmul(x, columns), sizes[kind] // depth)
+        y = matmul(x, columns)
+        y = heads.split_heads(y, sizes[kind] // depth)
         y = y * depth ** -0.5 if name == "q" else y
       kinds[kind].append(y)
   return tuple(tuple(t) if size else None for t, size in zip(kinds, sizes))
@@ -145,10 +134,9 @@ def routing_variables(hparams, layer_index):
 
 
 def routing_options(hparams, layer_index):
-  """Keyword arguments of the routing attention functions for the extensions beyond the paper
-  (all off in the paper's sets): `routing_exclude_self` and `routing_logit_scale` ("none": the
-  paper's unscaled logits; "rsqrt_depth": d^-0.5; "learned": a per-head scale, initialised at
-  d^-0.5, variable `routing/logit_scale` [routing heads] holding its log)."""
+  """The routing extensions (off in the paper's sets): `routing_exclude_self` and
+  `routing_logit_scale` ("none"; "rsqrt_depth": d^-0.5; "learned": per head from d^-0.5, its log
+  the variable `routing/logit_scale`)."""
   num_routing, _, depth = head_counts(hparams, layer_index)
   mode = hparams.get("routing_logit_scale", "none")
   scale = None
@@ -180,17 +168,15 @@ def attention_output(out, hparams):
 
 
 def local_span(hparams, length):
-  """(block, flange) of the non-routing heads over `length` positions: the hparams'
-  query_shape / memory_flange, or with `full_attention` one block of the whole length and no
-  flange (dense causal attention: every earlier token, with the same relative positions)."""
+  """(block, flange) of the local heads: query_shape, memory_flange, or with `full_attention`
+  one block of the whole `length`."""
   if hparams.get("full_attention", False):
     return length, 0
   return hparams.query_shape[0], hparams.memory_flange[0]
 
 
 def head_config(hparams, length=None):
-  """The heads.HeadConfig of a model's hparams (`length`: the static sequence length, needed
-  with full_attention; default max_target_length or max_length)."""
+  """heads.HeadConfig of the hparams (`length`: default max_target_length or max_length)."""
   block, flange = local_span(hparams, length or hparams.max_target_length or hparams.max_length)
   return heads.HeadConfig(
       window=hparams.sparsity_cluster_attention_window, block_length=block,
@@ -246,8 +232,10 @@ def self_attention(x, hparams, layer_index, padding=None, causal=True, train=Fal
                               routing_tables, local_tables, options, dropout, cache, position)
 
   if train and cache is None and hparams.get("recompute_attention", False):
-    out, aux = recomputed_attention(attend, routing_qkv, local_qkv, routing_tables,
-                                    local_tables, options, hparams)
+    memory.refuse_random({"attention_dropout": dropout, "random_routing": hparams.random_routing},
+                         "recompute_attention")
+    out, aux = memory.recompute_heads(attend, routing_qkv, local_qkv, routing_tables,
+                                      local_tables, options)
   else:
     out, aux = attend(routing_qkv, local_qkv, routing_tables, local_tables, options)
   if aux is not None:
@@ -260,51 +248,10 @@ def self_attention(x, hparams, layer_index, padding=None, causal=True, train=Fal
   return attention_output(out, hparams), loss, step
 
 
-def recomputed_attention(attend, routing_qkv, local_qkv, routing_tables, local_tables, options,
-                         hparams):
-  """attend(...) -> (heads [b, h, n, d], aux) keeping only q, k, v, the tables and the logit
-  scale for the backward pass (hparam `recompute_attention`, `memory.recompute`): the routing
-  decisions are taken again there from the same inputs, so random numbers are refused."""
-  memory.refuse_random({"attention_dropout": hparams.get("attention_dropout", 0.0),
-                        "random_routing": hparams.random_routing}, "recompute_attention")
-  scale = options.get("logit_scale")
-  scale = scale if isinstance(scale, (tf.Tensor, tf.Variable)) else None
-  inputs = [tf.convert_to_tensor(t) if t is not None else None for t in
-            list(routing_qkv or (None,) * 3) + list(local_qkv or (None,) * 3) +
-            list(routing_tables) + list(local_tables) + [scale]]
-  keys, kind = [], []
-
-  def fn(rq, rk, rv, lq, lk, lv, rrk, rrv, lrk, lrv, scale, replay):
-    kw = dict(options, logit_scale=scale) if scale is not None else options
-    out, aux = attend(None if routing_qkv is None else (rq, rk, rv),
-                      None if local_qkv is None else (lq, lk, lv), (rrk, rrv), (lrk, lrv), kw)
-    if aux is None:
-      return out
-    items = aux._asdict() if hasattr(aux, "_asdict") else dict(aux)  # Routed, or causal_window's
-    if not replay:
-      kind.append(type(aux))
-      keys.extend(sorted(k for k, t in items.items() if t is not None and k != "commitment_loss"))
-    return (out, items["commitment_loss"]) + tuple(items[k] for k in keys)
-
-  result = memory.recompute(fn, inputs, differentiable=2)
-  if not isinstance(result, tuple):
-    return result, None
-  values = dict(zip(keys, result[2:]), commitment_loss=result[1])
-  return result[0], values if kind[0] is dict else kind[0](**values)
-
-
 def self_attention_cache(hparams, layer_index, batch, length, dtype=tf.float32):
-  """Zero caches of one decoder layer for `self_attention` (static shapes; `length`: the
-  decoder's N, max_target_length or max_length).
-
-  Returns:
-    dict (see heads.local_heads_attention, heads.routing_heads_attention): local heads,
-    "local_k", "local_v" [b, local heads, R, d] ring buffers of the last R = flange + block
-    positions (at most N) and "local_pos" int32 [b, R] (-1 = empty; rows equal); routing heads,
-    "topk": "routing_k", "routing_v" [b, routing heads, N, d] and "routing_scores"
-    [b, routing heads, c, N]; "causal_window": "routing_window", the per-cluster caches of
-    `attention.incremental.causal_window_cache`.
-  """
+  """Zero caches (a dict, static shapes) of one decoder layer for `self_attention` over
+  `length` = N positions: the entries `heads.local_heads_attention` and
+  `heads.routing_heads_attention` read and update (local rings of R = flange + block slots)."""
   num_routing, num_local, depth = head_counts(hparams, layer_index)
   cache = {}
   if num_local:
@@ -333,19 +280,10 @@ def encdec_memory(memory, hparams):
 
 
 def encdec_attention(x, memory, hparams, memory_padding, position=None, train=False):
-  """Decoder-to-encoder attention (all heads local over the memory when lengths match).
-
-  Args:
-    x: [b, n, hidden] decoder activations ([b, 1, hidden] when decoding step by step).
-    memory: [b, m, hidden] encoder output, or its (keys, values) from `encdec_memory` (computed
-      once before step-by-step decoding).
-    memory_padding: bool [b, m] or None.
-    position: None for whole sequences; the decoder position t (int32 scalar) of a single
-      decoding step, whose query then attends to the memory window of block t // query_shape.
-    train: TRAIN mode (attention dropout on the weights).
-  Returns:
-    [b, n, hidden].
-  """
+  """Decoder-to-encoder attention x [b, n, hidden] -> [b, n, hidden], all heads local over the
+  memory when the lengths match, else full. memory: [b, m, hidden] or its `encdec_memory`;
+  memory_padding: bool [b, m] or None; position: the int32 step of one decoding step (its block
+  t // query_shape attends); train: attention dropout."""
   num_heads = hparams.local_num_heads + hparams.sparsity_cluster_num_heads
   depth = hparams.hidden_size // num_heads
   q = heads.split_heads(dense(x, hparams.hidden_size, "q"), num_heads) * depth ** -0.5

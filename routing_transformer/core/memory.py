@@ -1,14 +1,9 @@
-"""The memory switches, one mechanism: rematerialisation of a block in the backward pass.
-
-`recompute(fn, inputs)` runs fn once in the forward pass and keeps only its inputs; the backward
-pass runs fn again once the outputs' gradients exist and differentiates the re-run, as
-`tf.recompute_grad` does. Used around a whole layer (hparam `recompute_layers`), around a layer's
-attention heads (`recompute_attention`) and per chunk of the output projection and its loss
-(`logits_chunk_size`, `chunked_loss`). TF 2.15's own `tf.recompute_grad` cannot re-run a function
-that creates variables with `tf.compat.v1.get_variable` (the replay makes them again: "Variable
-already exists"), hence this small wrapper on `tf.custom_gradient`.
-
-Randomness is not replayed: callers refuse dropout and random routing inside a recomputed block.
+"""The memory switches, one mechanism: `recompute(fn, inputs)` keeps only fn's inputs and runs
+fn again in the backward pass, as `tf.recompute_grad` does, around a whole layer (hparam
+`recompute_layers`), a layer's heads (`recompute_attention`) and each chunk of the output
+projection and loss (`logits_chunk_size`). TF 2.15's `tf.recompute_grad` cannot replay a function
+making tf.compat.v1 variables ("Variable already exists"), hence this wrapper on
+`tf.custom_gradient`. Random numbers are not replayed: callers refuse them.
 """
 import tensorflow as tf
 
@@ -16,8 +11,8 @@ tf1 = tf.compat.v1
 
 
 def after(dy, *tensors):
-  """Identities of `tensors` that wait for dy: what is computed from them runs in the backward
-  pass (the executor would otherwise run it as soon as its inputs exist, and keep it)."""
+  """Identities of `tensors` that wait for dy, so what is computed from them runs in the
+  backward pass (not as soon as its inputs exist)."""
   with tf.control_dependencies([dy]):
     return [tf.identity(t) for t in tensors]
 
@@ -82,6 +77,36 @@ def _add(a, b):
   return b if a is None else a if b is None else a + b
 
 
+def recompute_heads(attend, routing_qkv, local_qkv, routing_tables, local_tables, options):
+  """attend(routing_qkv, local_qkv, routing_tables, local_tables, options) -> (heads [b, h, n, d],
+  routing result or None), keeping only q, k, v, the tables and the logit scale for the backward
+  pass (hparam `recompute_attention`); the routing decisions are taken again there."""
+  scale = options.get("logit_scale")
+  scale = scale if isinstance(scale, (tf.Tensor, tf.Variable)) else None
+  inputs = [tf.convert_to_tensor(t) if t is not None else None for t in
+            list(routing_qkv or (None,) * 3) + list(local_qkv or (None,) * 3) +
+            list(routing_tables) + list(local_tables) + [scale]]
+  keys, kind = [], []
+
+  def fn(rq, rk, rv, lq, lk, lv, rrk, rrv, lrk, lrv, scale, replay):
+    kw = dict(options, logit_scale=scale) if scale is not None else options
+    out, aux = attend(None if routing_qkv is None else (rq, rk, rv),
+                      None if local_qkv is None else (lq, lk, lv), (rrk, rrv), (lrk, lrv), kw)
+    if aux is None:
+      return out
+    items = aux._asdict() if hasattr(aux, "_asdict") else dict(aux)  # Routed, or causal_window's
+    if not replay:
+      kind.append(type(aux))
+      keys.extend(sorted(k for k, t in items.items() if t is not None and k != "commitment_loss"))
+    return (out, items["commitment_loss"]) + tuple(items[k] for k in keys)
+
+  result = recompute(fn, inputs, differentiable=2)
+  if not isinstance(result, tuple):
+    return result, None
+  values = dict(zip(keys, result[2:]), commitment_loss=result[1])
+  return result[0], values if kind[0] is dict else kind[0](**values)
+
+
 def refuse_random(rates, name):
   """ValueError naming the hparams whose random numbers a re-run would draw again."""
   on = [key for key, value in rates.items() if value]
@@ -105,16 +130,9 @@ def project(x, kernel, bias):
 
 
 def chunked_loss(x, kernel, bias, labels, weights, chunk, xent):
-  """sum_i weights_i * xent(project(x_i), labels_i), `chunk` positions at a time, each chunk
-  recomputed in the backward pass, one after the other: at most one chunk's [b, chunk, V]
-  logits are alive. Equal to the unchunked loss up to the order of the float sums.
-
-  Args:
-    x: [b, n, e] (n static); kernel [e, V]; bias [V]; labels int [b, n]; weights float [b, n].
-    chunk: positions per chunk; xent: (logits [b, c, V], labels [b, c]) -> float32 [b, c].
-  Returns:
-    float32 scalar.
-  """
+  """sum_i weights_i * xent(project(x_i), labels_i) (float32 scalar), `chunk` positions at a
+  time, each chunk recomputed in the backward pass: x [b, n, e] (n static), kernel [e, V], bias
+  [V], labels int [b, n], weights [b, n]; xent: (logits [b, c, V], labels [b, c]) -> [b, c]."""
   if x.shape.rank != 3 or x.shape[1] is None:
     raise ValueError("chunked_loss: x must be [batch, length, depth] with a static length, got "
                      "%s." % x.shape)

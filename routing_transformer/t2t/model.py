@@ -11,7 +11,6 @@ data-parallel shards are built, `model_fn_sharded` averages them over shards (cr
 on TPU) and applies one EMA update per layer, so every shard keeps identical centroids.
 """
 import collections
-import functools
 
 import tensorflow as tf
 
@@ -56,7 +55,7 @@ def check_hparams(hparams, length=None):
     problems.append("hidden_size=%d is not divisible by local_num_heads + "
                     "sparsity_cluster_num_heads = %d; change one of them"
                     % (hparams.hidden_size, heads))
-  full = hparams.get("full_attention", False)
+  full = hparams.full_attention
   if not full and (block <= 0 or length % block):
     problems.append("max_length/max_target_length=%d is not a multiple of query_shape=%d; use "
                     "e.g. max_length=%d" % (length, block, -(-length // max(block, 1)) * block))
@@ -84,10 +83,10 @@ def check_hparams(hparams, length=None):
   if hparams.legacy_causal_key_routing and hparams.routing_mode != "topk":
     problems.append("legacy_causal_key_routing=True reproduces the original's top-k routing; "
                     "use it with routing_mode='topk'")
-  if hparams.get("routing_logit_scale", "none") not in ("none", "rsqrt_depth", "learned"):
+  if hparams.routing_logit_scale not in ("none", "rsqrt_depth", "learned"):
     problems.append("routing_logit_scale=%r is not supported; use 'none' (paper), "
                     "'rsqrt_depth' or 'learned'" % hparams.routing_logit_scale)
-  chunk = hparams.get("logits_chunk_size", 0)
+  chunk = hparams.logits_chunk_size
   if chunk < 0 or (chunk and -(-length // chunk) > MAX_LOGITS_CHUNKS):
     problems.append("logits_chunk_size=%d must be 0 (off) or at least %d: at most %d chunks of "
                     "the length %d (each chunk adds a copy of the output layer to the graph)"
@@ -95,10 +94,10 @@ def check_hparams(hparams, length=None):
   if hparams.routing_mode not in ("topk", "causal_window"):
     problems.append("routing_mode=%r is not supported; use 'topk' (paper routing) or "
                     "'causal_window' (strictly causal)" % hparams.routing_mode)
-  if hparams.get("activation_dtype", "float32") not in ACTIVATION_DTYPES:
+  if hparams.activation_dtype not in ACTIVATION_DTYPES:
     problems.append("activation_dtype=%r is not supported; use 'float32' or 'bfloat16'"
                     % hparams.activation_dtype)
-  if hparams.get("weight_dtype", "float32") != "float32":
+  if hparams.weight_dtype != "float32":
     problems.append("weight_dtype=%r is not supported: the variables are float32 (bfloat16 "
                     "activations: activation_dtype='bfloat16'); use weight_dtype='float32'"
                     % hparams.weight_dtype)
@@ -115,7 +114,7 @@ XLA_INERT_SWITCHES = ("recompute_layers", "recompute_attention")
 
 def refuse_xla_inert_switches(hparams):
   """HParamsError (one line) when a switch of XLA_INERT_SWITCHES is on for a TPU run."""
-  on = [name for name in XLA_INERT_SWITCHES if hparams.get(name, False)]
+  on = [name for name in XLA_INERT_SWITCHES if getattr(hparams, name)]
   if on:
     raise HParamsError(
         "%s: save no memory on TPU: XLA drops the control dependencies their recomputation "
@@ -125,7 +124,7 @@ def refuse_xla_inert_switches(hparams):
 
 def activation_dtype(hparams):
   """tf.float32, or tf.bfloat16 with hparams.activation_dtype="bfloat16"."""
-  return ACTIVATION_DTYPES[hparams.get("activation_dtype", "float32")]
+  return ACTIVATION_DTYPES[hparams.activation_dtype]
 
 
 def pad_to_length(ids, length, name):
@@ -270,7 +269,7 @@ class RoutingTransformer(t2t_model.T2TModel):
   def stack(self, x, padding, causal, prefix, num_layers, memory=None, memory_padding=None):
     """Whole-sequence layers; returns (x [b, n, hidden], summed commitment losses)."""
     hparams = self.hparams
-    if self.is_train and hparams.get("recompute_layers", False):
+    if self.is_train and hparams.recompute_layers:
       return self.recomputed_stack(x, padding, causal, prefix, num_layers, memory,
                                    memory_padding)
     losses = []
@@ -459,7 +458,7 @@ class RoutingTransformer(t2t_model.T2TModel):
     x, loss = self.stack(x, padding, True, "decoder", hparams.num_decoder_layers, memory,
                          memory_padding)
     losses = {"extra_loss": loss + extra}
-    if self.is_train and hparams.get("logits_chunk_size", 0):
+    if self.is_train and hparams.logits_chunk_size:
       # T2T then skips its top and loss; the logits are computed only if something fetches them.
       self.check_chunked_loss(features)
       output = self.output_layer(x)
@@ -478,7 +477,7 @@ class RoutingTransformer(t2t_model.T2TModel):
   def infer(self, features=None, decode_length=50, beam_size=1, top_beams=1, alpha=0.0,
             use_tpu=False):
     """Cached incremental decoding (`routing_transformer.core.decoding`) unless fast_decode=False."""
-    if not self.hparams.get("fast_decode", True):
+    if not self.hparams.fast_decode:
       return super(RoutingTransformer, self).infer(features, decode_length, beam_size,
                                                    top_beams, alpha, use_tpu)
     from routing_transformer.core import decoding  # pylint: disable=g-import-not-at-top
@@ -533,7 +532,7 @@ class RoutingTransformer(t2t_model.T2TModel):
     statistics summed across TPU replicas; TRAIN summaries of its occupancy and routing."""
     on_tpu = common_layers.is_xla_compiled()
     # Re-seeding values come from the first shard's queries (off on TPU: see docs).
-    reseed = self.hparams.get("reseed_dead_clusters", False) and not on_tpu
+    reseed = self.hparams.reseed_dead_clusters and not on_tpu
     op, counts = kmeans.shard_update(steps, cross_replica_sum if on_tpu else None, reseed)
     if common_layers.should_generate_summaries():
       name = steps[0].km.means.name.split("/body/")[-1].replace("/means:0", "")

@@ -1,16 +1,12 @@
-"""Small pieces shared by the attention kinds: normalisation, masking, argument checks.
-
-Shapes use b = batch, h = heads, n = length, d = depth per head.
-"""
+"""Pieces shared by the attention kinds: normalisation, the masked softmax, dropout, Shaw
+relative positions, argument checks. b = batch, h = heads, n = length, d = depth per head."""
 import tensorflow as tf
 
-from routing_transformer.core import norm
+from routing_transformer.core import kmeans
 
 
-# LayerNorm without scale, routing's normalisation; defined in core/norm.py, which the k-means
-# imports without importing this package.
-layer_norm_no_scale = norm.layer_norm_no_scale
-compute_dtype = norm.compute_dtype
+layer_norm_no_scale = kmeans.layer_norm_no_scale  # routing's normalisation
+compute_dtype = kmeans.compute_dtype
 
 
 def mask_value(dtype):
@@ -29,22 +25,14 @@ def slice_axis(x, axis, start, size):
 
 
 def masked_softmax(logits, allowed, zero_empty=False, ordered=False):
-  """Softmax over the last axis restricted to `allowed` (masked entries get probability 0),
-  computed in float32 for low-precision logits, returned in the logits' dtype.
-
-  Args:
-    logits: [..., m] float tensor.
-    allowed: bool tensor broadcastable to logits.
-    zero_empty: rows with nothing allowed come out 0 (`zero_empty_rows`), else uniform.
-    ordered: the denominator adds each row in key order (a cumulative sum), so a row's
-      probabilities are bit for bit the same wherever its allowed entries sit in the row
-      (causal_window's cached and whole-sequence outputs agree exactly).
-  Returns:
-    [..., m] probabilities of the logits' dtype.
+  """Softmax [..., m] of logits over the last axis where `allowed` (else 0), in float32 for
+  low-precision logits, returned in their dtype. zero_empty: rows with nothing allowed are 0,
+  not uniform; ordered: the denominator a cumulative sum in key order, so a row's values are the
+  same bits wherever its entries sit (causal_window's cached and whole outputs agree).
   """
   dtype = logits.dtype.base_dtype
-  x = tf.where(allowed, tf.cast(logits, norm.compute_dtype(dtype)),
-               mask_value(norm.compute_dtype(dtype)))
+  x = tf.where(allowed, tf.cast(logits, compute_dtype(dtype)),
+               mask_value(compute_dtype(dtype)))
   if ordered:
     e = tf.exp(x - tf.stop_gradient(tf.reduce_max(x, axis=-1, keepdims=True)))
     last = e.shape.rank - 1
@@ -57,18 +45,8 @@ def masked_softmax(logits, allowed, zero_empty=False, ordered=False):
 
 
 def attention_dropout(probs, rate):
-  """Attention dropout on the softmax weights (hparam `attention_dropout`, TRAIN mode only).
-
-  Each weight is zeroed with probability `rate` and the others are scaled by 1 / (1 - rate),
-  before the products with the values and with the relative-value table, as the original release
-  (utils.py `dot_product_attention`, `dot_product_attention_relative`) and T2T do.
-
-  Args:
-    probs: [..., m] attention weights.
-    rate: Python float in [0, 1); 0 returns `probs` itself.
-  Returns:
-    [..., m].
-  """
+  """Dropout of the attention weights probs [..., m] at `rate` in [0, 1) (hparam
+  `attention_dropout`, TRAIN only), before the value products, as the original release and T2T."""
   if not rate:
     return probs
   if not 0.0 < rate < 1.0:
@@ -78,18 +56,8 @@ def attention_dropout(probs, rate):
 
 
 def exclude_self(allowed, is_self):
-  """`allowed` without each query's own position where the row allows another key.
-
-  Shared-QK attention (Reformer's LSH attention does the same): a normalised query's logit with
-  itself is the largest possible, so a routing head would mostly attend to its own position; a
-  query attends to itself only when nothing else is allowed.
-
-  Args:
-    allowed: bool [..., q, m].
-    is_self: bool broadcastable to allowed, True where key m is query q's own position.
-  Returns:
-    bool [..., q, m].
-  """
+  """allowed bool [..., q, m] without each query's own position (is_self) where the row allows
+  another key: with shared QK a query's logit with itself is the largest (as Reformer does)."""
   others = tf.logical_and(allowed, tf.logical_not(is_self))
   return tf.where(tf.reduce_any(others, axis=-1, keepdims=True), others, allowed)
 
@@ -105,27 +73,14 @@ def scale_logits(logits, scale):
 
 
 def zero_empty_rows(x, allowed):
-  """Sets x[..., i, :] to 0 where row i of `allowed` ([..., q, m]) has no allowed key.
-
-  Applied (through `masked_softmax(..., zero_empty=True)`) to the probabilities (where a row with nothing allowed comes out uniform) before the
-  value and relative-value products: with causal relative values, `unskew` would carry such a
-  row's weights on keys after its query into the distances of the next rows."""
+  """x[..., i, :] set to 0 where row i of `allowed` [..., q, m] allows no key (the uniform rows
+  of a softmax: `unskew` would carry them into the next rows' distances)."""
   return x * tf.cast(tf.reduce_any(allowed, axis=-1, keepdims=True), x.dtype)
 
 
 def relative_embeddings(table, query_offsets, key_offsets):
-  """Gathers Shaw et al. (2018) relative position embeddings for a static pattern.
-
-  The distance is key_offset - query_offset clipped to [-R, R], where the table has 2R + 1 rows
-  (row R is distance 0).
-
-  Args:
-    table: [2R + 1, d] embeddings.
-    query_offsets: int [q] positions of the queries (any common origin).
-    key_offsets: int [m] positions of the keys (same origin).
-  Returns:
-    [q, m, d] embeddings.
-  """
+  """Shaw et al. (2018) embeddings [q, m, d] of table [2R + 1, d] (row R: distance 0) for the
+  distances key_offsets [m] - query_offsets [q], clipped to [-R, R]."""
   rows = table.shape[0]
   radius = (rows - 1) // 2
   distance = key_offsets[tf.newaxis, :] - query_offsets[:, tf.newaxis]
@@ -134,14 +89,7 @@ def relative_embeddings(table, query_offsets, key_offsets):
 
 
 def relative_distance_rows(table, first_distance, num_distances):
-  """Rows of a Shaw table for the consecutive distances first_distance + u, u < num_distances.
-
-  Distances are clipped to [-R, R] (the table has 2R + 1 rows, row R is distance 0). A plain
-  slice when no distance is clipped, else a gather of the small [2R + 1, d] table.
-
-  Returns:
-    [num_distances, d].
-  """
+  """Rows [num_distances, d] of a Shaw table for the distances first_distance + u, clipped."""
   radius = (table.shape[0] - 1) // 2
   last = first_distance + num_distances - 1
   if -radius <= first_distance and last <= radius:
@@ -165,16 +113,9 @@ def _check_span(what, u, keys, queries):
 
 
 def skew(rel, num_keys):
-  """Distance-indexed logits to key-indexed logits (Music Transformer "skewing", no gather).
-
-  Args:
-    rel: [..., q, u]: rel[i, t] belongs to distance index t = j - i + q - 1 of query i and
-      key j; u = num_keys + q - 1 covers every (i, j), and any num_keys + 1 <= u covers the
-      pairs with t < u (the others read entries of the next row: callers mask them).
-    num_keys: k.
-  Returns:
-    [..., q, k] with out[i, j] = rel[i, j - i + q - 1] where j - i + q - 1 < u.
-  """
+  """Music Transformer "skewing": distance-indexed rel [..., q, u] (t = j - i + q - 1) ->
+  key-indexed [..., q, k], out[i, j] = rel[i, j - i + q - 1] where that is < u (u >= k + 1;
+  other entries read the next row: callers mask them)."""
   q, u = rel.shape[-2], rel.shape[-1]
   _check_span("skew: last axis", u, num_keys, q)
   if q == 1:
@@ -216,22 +157,9 @@ def _distance_rows(table, query_start, num_queries, key_start, num_keys, causal,
 
 
 def relative_logits(x, table, query_start, key_start, num_keys, causal=False):
-  """Shaw relative logits x_i . table[clip(key_j - query_i)] for consecutive offsets.
-
-  Equal to einsum("...qd,qkd->...qk", x, relative_embeddings(table, query_start + range(q),
-  key_start + range(k))), computed as x . rows over the distinct distances (one matmul)
-  followed by `skew`, without the [q, k, d] table. With causal=True only the entries with
-  key offset <= query offset are computed (the others hold other finite values: mask them).
-
-  Args:
-    x: [..., q, d] queries.
-    table: [2R + 1, d].
-    query_start, key_start: Python ints, offsets of the first query and key (common origin).
-    num_keys: k.
-    causal: the caller masks keys after their query.
-  Returns:
-    [..., q, k].
-  """
+  """Shaw relative logits [..., q, k]: x [..., q, d] . table[clip(key_j - query_i)] for
+  consecutive offsets from query_start, key_start, as one matmul with the distinct distances'
+  rows and a `skew`; with causal only keys up to their query are right (mask the others)."""
   num_queries = x.shape[-2]
   rows = _distance_rows(table, query_start, num_queries, key_start, num_keys, causal, x.dtype)
   rel = tf.tensordot(x, rows, [[x.shape.rank - 1], [1]])  # [..., q, columns]
@@ -239,20 +167,8 @@ def relative_logits(x, table, query_start, key_start, num_keys, causal=False):
 
 
 def relative_outputs(probs, table, query_start, key_start, causal=False):
-  """Shaw relative value term sum_j probs_ij table[clip(key_j - query_i)] for consecutive offsets.
-
-  Equal to einsum("...qk,qkd->...qd", probs, relative_embeddings(...)), computed as `unskew`
-  (probabilities summed per distance) times the rows of the distinct distances. With
-  causal=True, probs must be 0 for keys after their query (masked).
-
-  Args:
-    probs: [..., q, k].
-    table: [2R + 1, d].
-    query_start, key_start: Python ints, as in `relative_logits`.
-    causal: as in `relative_logits`.
-  Returns:
-    [..., q, d].
-  """
+  """Shaw relative value term [..., q, d]: sum_j probs_ij table[clip(key_j - query_i)] of probs
+  [..., q, k], as `unskew` times the distinct distances' rows (causal: probs 0 after the query)."""
   num_queries, num_keys = probs.shape[-2], probs.shape[-1]
   rows = _distance_rows(table, query_start, num_queries, key_start, num_keys, causal,
                         probs.dtype)
@@ -289,11 +205,7 @@ def optional_tensors(*values):
 
 
 def self_attention_inputs(q, k, v, relative_keys, relative_values, name):
-  """Converts and validates self-attention inputs ([b, h, n, d], equal lengths, tables).
-
-  Returns:
-    (q, k, v, relative_keys, relative_values, heads, length, depth).
-  """
+  """Validated (q, k, v, relative_keys, relative_values, heads, length, depth)."""
   q, k, v = (tf.convert_to_tensor(x) for x in (q, k, v))
   relative_keys, relative_values = optional_tensors(relative_keys, relative_values)
   _, heads, n, depth = check_qkv(q, k, v, name)

@@ -39,27 +39,13 @@ class Routed(collections.namedtuple("Routed", _FIELDS, defaults=(None,) * len(_F
 
 
 def centroid_scores(x_hat, centroids):
-  """Dot products of normalised vectors with centroids.
-
-  Args:
-    x_hat: [b, h, n, d].
-    centroids: [h, c, d].
-  Returns:
-    [b, h, c, n] scores mu_c . x_i.
-  """
+  """Scores mu_c . x_i [b, h, c, n] of x_hat [b, h, n, d] and centroids [h, c, d]."""
   return tf.einsum("hcd,bhnd->bhcn", tf.cast(centroids, x_hat.dtype), x_hat)
 
 
 def top_window(scores, window, padding=None):
-  """Balanced cluster membership: the `window` best positions per centroid, in sequence order.
-
-  Args:
-    scores: [b, h, c, n].
-    window: w, members per cluster (w <= n).
-    padding: optional bool [b, n]; padding positions lose every tie with real positions.
-  Returns:
-    int32 [b, h, c, w], ascending along the last axis.
-  """
+  """The `window` best positions per centroid of scores [b, h, c, n], ascending: int32
+  [b, h, c, w]; padding (optional bool [b, n]) loses every tie with real positions."""
   if padding is not None:
     scores = tf.where(padding[:, tf.newaxis, tf.newaxis, :], common.mask_value(scores.dtype),
                       scores)
@@ -68,27 +54,13 @@ def top_window(scores, window, padding=None):
 
 
 def gather_clusters(x, indices):
-  """Gathers cluster members.
-
-  Args:
-    x: [b, h, n, ...].
-    indices: int32 [b, h, c, w].
-  Returns:
-    [b, h, c, w, ...].
-  """
+  """Cluster members [b, h, c, w, ...] of x [b, h, n, ...] at indices int32 [b, h, c, w]."""
   return tf.gather(x, indices, axis=2, batch_dims=2)
 
 
 def scatter_clusters(values, indices, length):
-  """Sums cluster outputs back onto their positions (the transpose of `gather_clusters`).
-
-  Args:
-    values: [b, h, c, w, d].
-    indices: int32 [b, h, c, w] positions in [0, length).
-    length: n.
-  Returns:
-    [b, h, n, d]: out[i] = sum of values at the (c, w) slots whose index is i.
-  """
+  """The transpose of `gather_clusters`: values [b, h, c, w, d] summed onto their positions
+  indices [b, h, c, w] of `length`: [b, h, n, d]."""
   shape = tf.shape(values)
   batch, heads, depth = shape[0], shape[1], shape[4]
   offsets = tf.reshape(tf.range(batch * heads) * length, [batch, heads, 1, 1])
@@ -98,19 +70,11 @@ def scatter_clusters(values, indices, length):
   return tf.reshape(summed, [batch, heads, length, values.shape[4]])
 
 
-
-
-
-
 def position_weights(padding, batch, length, dtype=tf.float32):
   """[b, n] weights: 1 for real positions, 0 for padding (all ones without padding)."""
   if padding is None:
     return tf.ones([batch, length], dtype)
   return 1.0 - tf.cast(padding, dtype)
-
-
-
-
 
 
 def check_routing(length, depth, centroids, window, name):
@@ -127,16 +91,8 @@ def check_routing(length, depth, centroids, window, name):
 
 def normalised_inputs(q, k, v, centroids, window, share_qk, padding, relative_keys,
                       relative_values, name):
-  """Validated routing inputs, queries and keys normalised (step 1).
-
-  q_hat and k_hat are in `common.compute_dtype` of q's dtype (float32 for bfloat16 q: the
-  centroid scores, the k-means statistics and losses and the cluster attention are computed
-  in float32); v keeps its dtype.
-
-  Returns:
-    (q_hat, k_hat [b, h, n, d] (the same tensor with share_qk), v, stop_gradient(centroids)
-    [h, c, d], padding bool [b, n] or None, relative_keys, relative_values).
-  """
+  """Step 1, validated: (q_hat, k_hat [b, h, n, d] in `compute_dtype` (one tensor with
+  share_qk), v, stop_gradient(centroids) [h, c, d], padding bool [b, n] or None, tables)."""
   q, k, v, relative_keys, relative_values, _, n, depth = common.self_attention_inputs(
       q, k, v, relative_keys, relative_values, name)
   centroids = tf.convert_to_tensor(centroids)
@@ -150,21 +106,9 @@ def normalised_inputs(q, k, v, centroids, window, share_qk, padding, relative_ke
 
 
 def padding_roles(padding, causal, as_original=False):
-  """What padding does in routing: (key mask, member padding, k-means padding).
-
-  Ours (as_original=False): padding positions are masked as keys, lose every top-k tie with a
-  real position and carry no k-means statistics or commitment loss. The original release
-  (as_original=True, hparam `routing_padding_as_original`) routes them like real positions: they
-  compete for cluster slots and enter the k-means statistics and the commitment loss; its decoder
-  gives self-attention no padding mask (causal: no key mask), its encoder masks padding keys.
-
-  Args:
-    padding: bool [b, n] or None.
-    causal: decoder self-attention.
-    as_original: the original release's treatment.
-  Returns:
-    (key padding, member padding, k-means padding), each bool [b, n] or None.
-  """
+  """(key mask, member padding, k-means padding) of padding bool [b, n] or None: ours masks
+  padding everywhere; the original release (as_original, hparam `routing_padding_as_original`)
+  routes it like real positions and masks padding keys only in its encoder."""
   if not as_original:
     return padding, padding, padding
   return (None if causal else padding), None, None
@@ -210,21 +154,9 @@ def route(q_hat, k_hat, mu, window, share_qk, route_keys, member_padding=None, w
 def cluster_attention(aux, v, window, causal, key_padding=None, relative_keys=None,
                       relative_values=None, exclude_self=False, logit_scale=None,
                       dropout_rate=0.0):
-  """Attention inside every cluster and the scatter back (steps 4 to 7).
-
-  Args:
-    aux: Routed from `route`; returned with member_count and self_weight.
-    v: [b, h, n, d] values.
-    window: w.
-    causal: inside a cluster, key rank <= query rank (key position <= query position when the
-      key members are the query members).
-    key_padding: optional bool [b, n], masked as keys.
-    relative_keys, relative_values: optional [2R + 1, d] tables (rank distances).
-    exclude_self, logit_scale: the extensions of `routing_attention`.
-    dropout_rate: attention dropout on the weights (`common.attention_dropout`).
-  Returns:
-    (output [b, h, n, d] of v's dtype, aux). Logits, softmax, values and the scatter are
-    computed in q_hat's dtype (float32 when v is bfloat16).
+  """Steps 4 to 7: (output [b, h, n, d] of v's dtype, aux with member_count, self_weight) of
+  aux (`route`) and v [b, h, n, d], computed in q_hat's dtype; causal: key rank <= query rank;
+  key_padding: optional bool [b, n]; the other arguments as `routing_attention`'s.
   """
   q_hat, query_indices, key_indices = aux.q_hat, aux.query_indices, aux.key_indices
   n = q_hat.shape[2]
@@ -314,19 +246,9 @@ def routing_attention(q, k, v, centroids, window, causal=True, share_qk=True, pa
 
 
 def routing_statistics(member_count, self_weight, weights):
-  """What holds routing heads back, as two scalars (TRAIN summaries;
-  research/notes/routing_learning.md).
-
-  Args:
-    member_count: [b, h, n] number of clusters each query is in (aux "member_count").
-    self_weight: [b, h, n] attention weight of each query on its own position (aux
-      "self_weight"; combined over its clusters as the output is).
-    weights: [b, n] 1 for real positions, 0 for padding.
-  Returns:
-    dict of float32 scalars: "no_cluster_share", the share of real queries in no cluster (their
-    routing output is 0); "self_attention_share", the mean weight on self over the real queries
-    that are in a cluster.
-  """
+  """TRAIN summaries of Routed.member_count, self_weight [b, h, n] over real positions
+  (weights [b, n]): "no_cluster_share" of queries in no cluster (output 0) and the mean
+  "self_attention_share" of the routed ones."""
   weights = tf.cast(weights, tf.float32)[:, tf.newaxis, :] * tf.ones_like(self_weight,
                                                                           tf.float32)
   routed = tf.cast(member_count > 0, tf.float32) * weights
