@@ -17,7 +17,7 @@ def after(dy, *tensors):
     return [tf.identity(t) for t in tensors]
 
 
-def recompute(fn, inputs, substitutes=None, differentiable=None):
+def recompute(fn, inputs, substitutes=None, differentiable=None, serial=None):
   """fn(*inputs, replay=False), recomputed in the backward pass (fn(*inputs, replay=True)).
 
   Args:
@@ -28,6 +28,8 @@ def recompute(fn, inputs, substitutes=None, differentiable=None):
       through these forward tensors (the centroids, which the EMA update moves in between).
     differentiable: how many leading outputs carry gradients (default all); the others are
       side outputs with the forward's values.
+    serial: optional list shared by several calls: each backward re-run waits for the gradients
+      of the one built before it (one re-run alive at a time).
   Returns:
     fn's outputs of the forward call.
   """
@@ -53,7 +55,8 @@ def recompute(fn, inputs, substitutes=None, differentiable=None):
     def grad(*dys, variables=None):
       dys = [tf.zeros_like(y) if d is None else d for y, d in zip(ys[:keep], dys[:keep])]
       # stop_gradient: tf.gradients must not follow a variable's path upstream of an input
-      replay_args = [tf.stop_gradient(t) for t in after(dys[0], *args)]
+      with tf.control_dependencies(serial[-1:] if serial else []):
+        replay_args = [tf.stop_gradient(t) for t in after(dys[0], *args)]
       with tf1.variable_scope(scope, reuse=True), tf.name_scope("recompute"):
         ys2 = call(replay_args, True)[:keep]
       variables = list(variables or [])
@@ -65,6 +68,8 @@ def recompute(fn, inputs, substitutes=None, differentiable=None):
           grads[len(args) + len(variables):])
       var_grads = [g if t is None else _add(g, next(extra_grads))
                    for g, t in zip(var_grads, sub_tensors)]
+      if serial is not None:
+        serial.append(tf.group([g for g in grads if g is not None]))
       return grads[:len(args)], var_grads
 
     return tuple(ys), grad
@@ -138,7 +143,7 @@ def chunked_loss(x, kernel, bias, labels, weights, chunk, xent):
                      "%s." % x.shape)
   bounds = chunk_bounds(x.shape[1], chunk)
   pieces = tf.split(x, [size for _, size in bounds], axis=1)  # its gradient: one concat
-  total, previous = None, []
+  total, previous, serial = None, [], []
   for (start, size), piece in zip(bounds, pieces):
     def part(x_c, kernel, bias, replay, start=start, size=size):
       del replay
@@ -147,6 +152,6 @@ def chunked_loss(x, kernel, bias, labels, weights, chunk, xent):
 
     with tf.control_dependencies(previous):  # one chunk's logits at a time
       x_c = tf.identity(piece)
-    value = recompute(part, [x_c, kernel, bias])
+    value = recompute(part, [x_c, kernel, bias], serial=serial)
     total, previous = _add(total, value), [value]
   return total
