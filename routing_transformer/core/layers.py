@@ -320,9 +320,10 @@ def ffn(x, hparams, train=False):
   """Feed-forward block: GEGLU (gelu(x W1) * (x W2)) W3 without biases (variables
   `weight1/kernel`, `weight2/kernel`, `weight3/kernel`), or T2T's dense-relu-dense (`conv1`,
   `conv2`); relu_dropout on the hidden units in training."""
-  if hparams.ffn_layer == "geglu":
-    h = geglu_hidden(dense(x, hparams.filter_size, "weight1"),
-                     dense(x, hparams.filter_size, "weight2"))
+  if hparams.ffn_layer == "geglu":  # gelu in float32 for bfloat16 activations
+    a, b = dense(x, hparams.filter_size, "weight1"), dense(x, hparams.filter_size, "weight2")
+    wide = kmeans.compute_dtype(a.dtype)
+    h = tf.cast(geglu_hidden(tf.cast(a, wide), tf.cast(b, wide)), a.dtype)
     out_name = "weight3"
   elif hparams.ffn_layer == "dense_relu_dense":
     h = tf.nn.relu(dense(x, hparams.filter_size, "conv1", use_bias=True))
