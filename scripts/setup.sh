@@ -13,31 +13,10 @@ stamp="$VENV/.routing_transformer_stamp"
 # 3.11 only: pip fails deep in a build on any other version, so look for a 3.11 first.
 NEED=3.11
 
-python_version() {  # "3.11" for a working interpreter, nothing otherwise
-  "$1" -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null || true
-}
-
-choose_python() {  # prints the interpreter to make the venv with, or one line on stderr
-  local v candidate
-  if [ -n "${PYTHON:-}" ]; then
-    v=$(python_version "$PYTHON")
-    if [ "$v" = "$NEED" ]; then echo "$PYTHON"; return 0; fi
-    echo "setup: PYTHON=$PYTHON is ${v:+Python }${v:-not a working interpreter}; the pinned stack needs Python $NEED (unset PYTHON to search PATH, pyenv and uv)" >&2
-    return 1
-  fi
-  local pyenv_root=${PYENV_ROOT:-$HOME/.pyenv}
-  local uv_root=${UV_PYTHON_INSTALL_DIR:-${XDG_DATA_HOME:-$HOME/.local/share}/uv/python}
-  for candidate in python3 "python$NEED" "$pyenv_root"/versions/"$NEED"*/bin/python \
-      "$(pyenv which "python$NEED" 2>/dev/null || true)" \
-      "$uv_root"/cpython-"$NEED"*/bin/python3* "$(uv python find "$NEED" 2>/dev/null || true)"; do
-    if [ -n "$candidate" ] && [ "$(python_version "$candidate")" = "$NEED" ]; then
-      command -v "$candidate"; return 0
-    fi
-  done
-  v=$(python_version python3)
-  echo "setup: needs Python $NEED for TensorFlow 2.15 and the pinned stack, found none (python3 is ${v:-missing}); get one with 'uv python install $NEED', your distribution's python$NEED package or 'pyenv install $NEED', then re-run (or set PYTHON=/path/to/python$NEED)" >&2
-  return 1
-}
+NAME=setup
+STACK="TensorFlow 2.15 and the pinned stack"
+# shellcheck source=scripts/lib.sh
+source scripts/lib.sh
 
 if [ "${1:-}" = "--which-python" ]; then
   choose_python
@@ -45,14 +24,8 @@ if [ "${1:-}" = "--which-python" ]; then
 fi
 
 # A venv made with another Python (e.g. 3.12 before this check existed) can never hold the stack.
-if [ -e "$VENV/pyvenv.cfg" ] || [ -e "$VENV/bin/python" ]; then
-  have=$(python_version "$VENV/bin/python")
-  if [ "$have" != "$NEED" ]; then
-    echo "setup: $VENV was made with ${have:+Python }${have:-a missing interpreter}, not $NEED: rebuilding it"
-    rm -rf "$VENV"
-  fi
-fi
-want=$(cat requirements.txt requirements-dev.txt constraints.txt constraints-build.txt pyproject.toml scripts/setup.sh | sha256sum | cut -d' ' -f1)
+check_venv_python
+want=$(cat requirements.txt requirements-dev.txt constraints.txt constraints-build.txt pyproject.toml scripts/setup.sh scripts/lib.sh | sha256sum | cut -d' ' -f1)
 
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && "$VENV/bin/python" -c "import routing_transformer, t2t_usr_dir, tensor2tensor, gym, mesh_tensorflow, xdist" 2>/dev/null; then
   echo "setup: $VENV is up to date"
@@ -60,12 +33,7 @@ if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && "$VENV/bin/python" -c "
 fi
 
 if [ ! -x "$VENV/bin/python" ]; then
-  PYTHON=$(choose_python) || exit 1
-  echo "setup: creating $VENV with $PYTHON and installing the pinned stack (a few minutes on a fresh machine)"
-  "$PYTHON" -m venv "$VENV" > /dev/null 2>&1 || {
-    echo "setup: $PYTHON -m venv $VENV failed; on Debian/Ubuntu install python$NEED-venv, or use 'uv python install $NEED'" >&2
-    exit 1
-  }
+  make_venv "the pinned stack"
 else
   echo "setup: installing the pinned stack into $VENV"
 fi

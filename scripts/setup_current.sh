@@ -11,45 +11,18 @@ NEED=3.12
 # The current stack: TensorFlow 2.21 brings Keras 3 as its dependency.
 PACKAGES=("tensorflow==2.21.*" "keras>=3.10" "numpy" "pytest" "pytest-xdist")
 
-python_version() {  # "3.12" for a working interpreter, nothing otherwise
-  "$1" -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null || true
-}
-
-choose_python() {  # prints the interpreter to make the venv with, or one line on stderr
-  local v candidate
-  if [ -n "${PYTHON:-}" ]; then
-    v=$(python_version "$PYTHON")
-    if [ "$v" = "$NEED" ]; then echo "$PYTHON"; return 0; fi
-    echo "setup_current: PYTHON=$PYTHON is ${v:+Python }${v:-not a working interpreter}; the current stack is set up with Python $NEED (unset PYTHON to search PATH, pyenv and uv)" >&2
-    return 1
-  fi
-  local pyenv_root=${PYENV_ROOT:-$HOME/.pyenv}
-  local uv_root=${UV_PYTHON_INSTALL_DIR:-${XDG_DATA_HOME:-$HOME/.local/share}/uv/python}
-  for candidate in python3 "python$NEED" "$pyenv_root"/versions/"$NEED"*/bin/python \
-      "$(pyenv which "python$NEED" 2>/dev/null || true)" \
-      "$uv_root"/cpython-"$NEED"*/bin/python3* "$(uv python find "$NEED" 2>/dev/null || true)"; do
-    if [ -n "$candidate" ] && [ "$(python_version "$candidate")" = "$NEED" ]; then
-      command -v "$candidate"; return 0
-    fi
-  done
-  v=$(python_version python3)
-  echo "setup_current: needs Python $NEED, found none (python3 is ${v:-missing}); get one with 'uv python install $NEED', your distribution's python$NEED package or 'pyenv install $NEED', then re-run (or set PYTHON=/path/to/python$NEED)" >&2
-  return 1
-}
+NAME=setup_current
+STACK="the current stack"
+# shellcheck source=scripts/lib.sh
+source scripts/lib.sh
 
 if [ "${1:-}" = "--which-python" ]; then
   choose_python
   exit
 fi
 
-if [ -e "$VENV/pyvenv.cfg" ] || [ -e "$VENV/bin/python" ]; then
-  have=$(python_version "$VENV/bin/python")
-  if [ "$have" != "$NEED" ]; then
-    echo "setup_current: $VENV was made with ${have:+Python }${have:-a missing interpreter}, not $NEED: rebuilding it"
-    rm -rf "$VENV"
-  fi
-fi
-want=$(cat pyproject.toml scripts/setup_current.sh | sha256sum | cut -d' ' -f1)
+check_venv_python
+want=$(cat pyproject.toml scripts/setup_current.sh scripts/lib.sh | sha256sum | cut -d' ' -f1)
 
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && "$VENV/bin/python" -c "import routing_transformer.core.keras, keras, pytest, xdist" 2>/dev/null; then
   echo "setup_current: $VENV is up to date"
@@ -57,12 +30,7 @@ if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && "$VENV/bin/python" -c "
 fi
 
 if [ ! -x "$VENV/bin/python" ]; then
-  PYTHON=$(choose_python) || exit 1
-  echo "setup_current: creating $VENV with $PYTHON and installing TensorFlow and Keras 3 (a few minutes on a fresh machine)"
-  "$PYTHON" -m venv "$VENV" > /dev/null 2>&1 || {
-    echo "setup_current: $PYTHON -m venv $VENV failed; on Debian/Ubuntu install python$NEED-venv, or use 'uv python install $NEED'" >&2
-    exit 1
-  }
+  make_venv "TensorFlow and Keras 3"
 else
   echo "setup_current: installing the current stack into $VENV"
 fi
