@@ -47,3 +47,18 @@ make_venv() {  # creates $VENV with the chosen interpreter, or stops with one li
     exit 1
   }
 }
+
+exit_if_up_to_date() {  # exits when $stamp holds "$1" and the venv imports the modules "$2"
+  if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$1" ] && "$VENV/bin/python" -c "import $2" 2>/dev/null; then
+    echo "$NAME: $VENV is up to date"
+    exit 0
+  fi
+}
+
+open_venv() {  # a new venv installing "$1", or the existing one installing "$2"
+  if [ ! -x "$VENV/bin/python" ]; then
+    make_venv "$1"
+  else
+    echo "$NAME: installing $2 into $VENV"
+  fi
+}

@@ -27,16 +27,8 @@ fi
 check_venv_python
 want=$(cat requirements.txt requirements-dev.txt constraints.txt constraints-build.txt pyproject.toml scripts/setup.sh scripts/lib.sh | sha256sum | cut -d' ' -f1)
 
-if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && "$VENV/bin/python" -c "import routing_transformer, t2t_usr_dir, tensor2tensor, gym, mesh_tensorflow, xdist" 2>/dev/null; then
-  echo "setup: $VENV is up to date"
-  exit 0
-fi
-
-if [ ! -x "$VENV/bin/python" ]; then
-  make_venv "the pinned stack"
-else
-  echo "setup: installing the pinned stack into $VENV"
-fi
+exit_if_up_to_date "$want" "routing_transformer, t2t_usr_dir, tensor2tensor, gym, mesh_tensorflow, xdist"
+open_venv "the pinned stack" "the pinned stack"
 PIP=("$VENV/bin/python" -m pip --disable-pip-version-check --no-input)
 # pip 24.1+ refuses gym 0.21.0 (its metadata holds `opencv-python>=3.`): keep the venv's pip older.
 "${PIP[@]}" install -q "pip<24.1"

@@ -24,16 +24,8 @@ fi
 check_venv_python
 want=$(cat pyproject.toml scripts/setup_current.sh scripts/lib.sh | sha256sum | cut -d' ' -f1)
 
-if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && "$VENV/bin/python" -c "import routing_transformer.core.keras, keras, pytest, xdist" 2>/dev/null; then
-  echo "setup_current: $VENV is up to date"
-  exit 0
-fi
-
-if [ ! -x "$VENV/bin/python" ]; then
-  make_venv "TensorFlow and Keras 3"
-else
-  echo "setup_current: installing the current stack into $VENV"
-fi
+exit_if_up_to_date "$want" "routing_transformer.core.keras, keras, pytest, xdist"
+open_venv "TensorFlow and Keras 3" "the current stack"
 PIP=("$VENV/bin/python" -m pip --disable-pip-version-check --no-input)
 "${PIP[@]}" install -q "${PACKAGES[@]}" "setuptools>=64"
 # The project itself, editable and without dependencies (they are the packages above; Tensor2Tensor
