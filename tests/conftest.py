@@ -10,10 +10,6 @@ import sys
 import types
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:
-  # pytest-xdist runs a worker per core: one thread per op in each (and in its T2T runs), not
-  # every worker's TensorFlow spreading every op over all cores.
-  os.environ.setdefault("TF_NUM_INTRAOP_THREADS", "1")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
   sys.path.insert(0, ROOT)
