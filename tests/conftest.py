@@ -77,13 +77,23 @@ class HParamsStandIn(types.SimpleNamespace):
     return getattr(self, name, default)
 
 
+def t2t_argv(*args):
+  """A T2T binary's command line after its name: --t2t_usr_dir=t2t_usr_dir, then `args`."""
+  return ["--t2t_usr_dir=" + os.path.join(ROOT, "t2t_usr_dir")] + [str(a) for a in args]
+
+
+def t2t_env():
+  """The environment the suite runs T2T binaries in: this one, TensorFlow's C++ log quiet."""
+  return dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+
+
 def run_t2t(binary, *args, timeout=600, env=None):
   """Runs a stock T2T binary with --t2t_usr_dir=t2t_usr_dir; returns the CompletedProcess.
   t2t-trainer and t2t-decoder run forked from a process that imported TF and T2T once
   (forked_binaries); with `env` (variables TF may read when it is imported) and for the other
   binaries, the installed console script runs as a subprocess."""
-  argv = ["--t2t_usr_dir=" + os.path.join(ROOT, "t2t_usr_dir")] + [str(a) for a in args]
-  full_env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+  argv = t2t_argv(*args)
+  full_env = t2t_env()
   if binary in forked_binaries.FORKED and not env:
     return forked_binaries.run(binary, argv, full_env, ROOT, timeout=timeout)
   full_env.update(env or {})

@@ -55,10 +55,11 @@ def start(command, argv, env, cwd, out_path, err_path=None):
   """Starts `command argv` in a forked process writing to out_path (and err_path, default the
   same file); returns the multiprocessing.Process (is_alive, kill, join, exitcode)."""
   assert command in FORKED, command
-  for path in {out_path, err_path or out_path}:
+  err_path = err_path or out_path
+  for path in {out_path, err_path}:
     open(path, "w").close()
   process = _context().Process(
-      target=_main, args=(command, list(argv), dict(env), cwd, out_path, err_path or out_path))
+      target=_main, args=(command, list(argv), dict(env), cwd, out_path, err_path))
   process.start()
   return process
 

@@ -16,6 +16,9 @@ import tensorflow.compat.v1 as tf
 
 from conftest import BIN
 from conftest import ROOT
+from conftest import run_t2t
+from conftest import t2t_argv
+from conftest import t2t_env
 import forked_binaries
 from routing_transformer.t2t import checkpoint_files
 
@@ -26,10 +29,9 @@ DECAY = 0.999  # routing_transformer_tiny's EMA decay (hparams `decay`)
 STEPS, EVERY = 8, 2
 
 
-def trainer_cmd(data_dir, out, steps):
-  return [os.path.join(BIN, "t2t-trainer"),
-          "--t2t_usr_dir=" + os.path.join(ROOT, "t2t_usr_dir"),
-          "--problem=synthetic_long_range", "--model=routing_transformer",
+def trainer_args(data_dir, out, steps):
+  """The run's t2t-trainer flags (without --t2t_usr_dir: conftest.t2t_argv adds it)."""
+  return ["--problem=synthetic_long_range", "--model=routing_transformer",
           "--hparams_set=routing_transformer_tiny", "--data_dir=" + data_dir,
           "--output_dir=" + out, "--train_steps=%d" % steps, "--local_eval_frequency=%d" % EVERY,
           "--iterations_per_loop=1",
@@ -55,10 +57,10 @@ def newest_step(out):
   return checkpoint_files.checkpoint_step(newest) if newest else -1
 
 
-def run_until_killed(cmd, log_path, out, after, rng, env):
-  """Starts the trainer (forked_binaries) and SIGKILLs it at a random moment (0-0.5 s) after its
-  `checkpoint` file named a checkpoint newer than `after`; returns its log."""
-  proc = forked_binaries.start("t2t-trainer", cmd[1:], env, ROOT, log_path)
+def run_until_killed(args, log_path, out, after, rng):
+  """Starts t2t-trainer `args` (forked_binaries) and SIGKILLs it at a random moment (0-0.5 s)
+  after its `checkpoint` file named a checkpoint newer than `after`; returns its log."""
+  proc = forked_binaries.start("t2t-trainer", t2t_argv(*args), t2t_env(), ROOT, log_path)
   deadline = time.time() + 600
   while newest_step(out) <= after:
     assert proc.is_alive(), open(log_path).read()[-3000:]
@@ -81,11 +83,10 @@ def killed_run(synthetic_data_dir, tmp_path_factory):
   folder = tmp_path_factory.mktemp("sigkill")
   out = str(folder / "run")
   seed = int(time.time())
-  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
-  cmd = trainer_cmd(synthetic_data_dir, out, STEPS)
-  run_until_killed(cmd, str(folder / "killed.log"), out, 0, random.Random(seed), env)
+  args = trainer_args(synthetic_data_dir, out, STEPS)
+  run_until_killed(args, str(folder / "killed.log"), out, 0, random.Random(seed))
   restored = tf.train.latest_checkpoint(out)  # what the restart restores
-  last = forked_binaries.run("t2t-trainer", cmd[1:], env, ROOT, timeout=900)
+  last = run_t2t("t2t-trainer", *args, timeout=900)
   return dict(out=out, seed=seed, restored=restored, last=last)
 
 
@@ -200,18 +201,17 @@ def test_damaged_newest_checkpoint_then_full_disk(killed_run, data_dir, tmp_path
   try:
     shutil.copytree(source, out, dirs_exist_ok=True)
     last = steps[-2] + 1  # one step after the restored checkpoint, then a save
-    args = ["--t2t_usr_dir=" + os.path.join(ROOT, "t2t_usr_dir"),
-            "--problem=synthetic_long_range", "--model=routing_transformer",
+    args = ["--problem=synthetic_long_range", "--model=routing_transformer",
             "--hparams_set=routing_transformer_tiny", "--data_dir=" + data_dir,
             "--output_dir=" + out, "--train_steps=%d" % last, "--local_eval_frequency=1000",
             "--schedule=train"]
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
     if real_disk:
-      trainer = forked_binaries.run("t2t-trainer", args, env, ROOT, timeout=600)
+      trainer = run_t2t("t2t-trainer", *args, timeout=600)
     else:
       trainer = subprocess.run([os.path.join(BIN, "python"), "-c",
-                                SIMULATED_FULL_DISK % steps[-2]] + args,
-                               capture_output=True, text=True, cwd=ROOT, env=env, timeout=600)
+                                SIMULATED_FULL_DISK % steps[-2]] + t2t_argv(*args),
+                               capture_output=True, text=True, cwd=ROOT, env=t2t_env(),
+                               timeout=600)
     lines = error_lines(trainer.stderr)
     assert trainer.returncode != 0, trainer.stderr[-3000:]
     assert "Traceback (most recent call last)" not in trainer.stderr, trainer.stderr[-3000:]
