@@ -16,6 +16,41 @@ BENCH_ENV = {"TF_CPU_ALLOCATOR_USE_BFC": "true", "TF_CPP_MIN_LOG_LEVEL": "2"}
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+# bench-8k's memory switches, measured alike by peers.py and train_memory.py (peak RSS under TF's
+# executor, each in its own process) and xla_memory.py (XLA's buffer assignment): name -> hparams
+# overrides of benchmarks/train_step.py's "routing" model ("chunk": the logits chunk size).
+LOGITS_CHUNK = 1024
+PLAIN = "routing"
+SWITCHES = {
+    PLAIN: {},  # the plain step
+    "routing_attention_recompute": {"recompute_attention": True},
+    "routing_recompute": {"recompute_layers": True},
+    "routing_chunked": {"logits_chunk_size": "chunk"},
+    "routing_recompute_chunked_attention": {  # the strongest combination
+        "recompute_layers": True, "recompute_attention": True, "logits_chunk_size": "chunk"},
+    "routing_bf16": {"activation_dtype": "bfloat16"},
+}
+
+
+def switch_overrides(name, chunk=LOGITS_CHUNK):
+  """The hparams overrides of SWITCHES[name] with "chunk" replaced by `chunk`."""
+  return {k: (chunk if v == "chunk" else v) for k, v in SWITCHES[name].items()}
+
+
+def switch_table(peaks_mb, port_mb=None, chunk=LOGITS_CHUNK):
+  """Markdown lines: per switch of `peaks_mb` ({name: bench-8k peak RSS in MiB}) its hparams,
+  peak, and ratios to the plain step's peak and to the PyTorch port's `port_mb` ("-" without)."""
+  plain = peaks_mb.get(PLAIN)
+  lines = ["\n| switch | hparams | peak RSS | / plain step | / PyTorch port |",
+           "|---|---|---|---|---|"]
+  for name, mb in peaks_mb.items():
+    hparams = ", ".join("%s=%s" % kv for kv in sorted(switch_overrides(name, chunk).items()))
+    lines.append("| %s | %s | %.2f GiB | %s | %s |" % (
+        name, hparams or "(plain)", mb / 1024.0, "%.2f" % (mb / plain) if plain else "-",
+        "%.2f" % (mb / port_mb) if port_mb else "-"))
+  return lines
+
+
 def bench_env():
   """BENCH_ENV, with TF_CPU_ALLOCATOR_USE_BFC=false when BENCH_TF_ALLOCATOR=default."""
   env = dict(BENCH_ENV)

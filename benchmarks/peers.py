@@ -14,14 +14,10 @@ the same intra-op thread count (--threads, default: all cores):
   one step = forward over `length` tokens, cross-entropy + its auxiliary (commitment) loss,
   backward (its k-means EMA update runs in the backward hook), torch.optim.Adafactor.
 - ours: the "routing" (topk) model of benchmarks/train_step.py (the whole T2T training step with
-  Adafactor); --ours adds variants (NAME_xla: the same under XLA auto-clustering, for routing and
-  routing_recompute_chunked; routing_recompute: recompute_layers=True; routing_chunked:
-  logits_chunk_size=1024; routing_recompute_chunked: both; routing_norel:
-  max_relative_position=0; routing_attention_recompute: recompute_attention=True;
-  routing_recompute_chunked_attention: all three; routing_recompute_chunked_attention_keep: and
-  recompute_keep_heads=True; routing_recompute_chunked_attention_qkv: recompute_keep_qkv=True
-  instead; routing_rebuild_linear: ffn_rebuild_linear=True; local: 8 local heads; *_bf16:
-  activation_dtype=bfloat16, slow without AVX512_BF16).
+  Adafactor) with each memory switch of `common.SWITCHES` (--ours picks some): the plain step,
+  recompute_attention, recompute_layers, logits_chunk_size=1024, the three together, and
+  activation_dtype=bfloat16 (slow without AVX512_BF16). The switch table gives each one's peak
+  RSS over the plain step's and over the peer's.
 
 Ours runs with TF's default CPU allocator, what a user's process gets (`--tf-allocator bfc`: the
 BFC allocator the other benchmarks set for its peak-bytes statistics, which here is a few percent
@@ -59,6 +55,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 PEER_VENV = os.path.join(HERE, ".venv-peers")
 PEER_PACKAGES = ["torch==2.13.0", "routing-transformer==1.6.1"]
 TORCH_VERSION = "2.13.0"
+sys.path.insert(0, HERE)
+import common  # pylint: disable=g-import-not-at-top,wrong-import-position  (stdlib only)
 
 
 def peer_python(venv=PEER_VENV):
@@ -85,41 +83,7 @@ def peer_python(venv=PEER_VENV):
   return python
 
 
-LOGITS_CHUNK = 1024  # logits_chunk_size of the *_chunked variants
-OURS = {  # name -> (train_step.py model, hparams overrides)
-    "routing": ("routing", {}),
-    "routing_recompute": ("routing", {"recompute_layers": True}),
-    "routing_chunked": ("routing", {"logits_chunk_size": LOGITS_CHUNK}),
-    "routing_recompute_chunked": ("routing", {"recompute_layers": True,
-                                              "logits_chunk_size": LOGITS_CHUNK}),
-    "routing_norel": ("routing", {"max_relative_position": 0}),
-    "routing_attention_recompute": ("routing", {"recompute_attention": True}),
-    "routing_recompute_chunked_attention": ("routing", {"recompute_layers": True,
-                                                        "logits_chunk_size": LOGITS_CHUNK,
-                                                        "recompute_attention": True}),
-    "routing_recompute_chunked_attention_keep": ("routing", {"recompute_layers": True,
-                                                             "logits_chunk_size": LOGITS_CHUNK,
-                                                             "recompute_attention": True,
-                                                             "recompute_keep_heads": True}),
-    "routing_recompute_chunked_attention_qkv": ("routing", {"recompute_layers": True,
-                                                            "logits_chunk_size": LOGITS_CHUNK,
-                                                            "recompute_attention": True,
-                                                            "recompute_keep_qkv": True}),
-    "routing_rebuild_linear": ("routing", {"ffn_rebuild_linear": True}),
-    "local": ("local", {}),
-    "routing_bf16": ("routing", {"activation_dtype": "bfloat16"}),
-    "routing_recompute_chunked_bf16": ("routing", {"recompute_layers": True,
-                                                   "logits_chunk_size": LOGITS_CHUNK,
-                                                   "activation_dtype": "bfloat16"}),
-    "routing_attention_recompute_bf16": ("routing", {"recompute_attention": True,
-                                                     "activation_dtype": "bfloat16"}),
-    "routing_recompute_chunked_attention_bf16": ("routing", {"recompute_layers": True,
-                                                             "logits_chunk_size": LOGITS_CHUNK,
-                                                             "recompute_attention": True,
-                                                             "activation_dtype": "bfloat16"}),
-}
-for _name in ("routing", "routing_recompute_chunked"):  # the same under XLA auto-clustering
-  OURS[_name + "_xla"] = OURS[_name]
+OURS = {name: ("routing", common.switch_overrides(name)) for name in common.SWITCHES}
 MATMUL = 2048
 
 
@@ -163,7 +127,6 @@ def torch_op_profile(step, top=15):
 def tf_op_profile(run, top=15):
   """One traced step of ours (tf1 RunMetadata): op time and output MB per op type."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  import common  # pylint: disable=g-import-not-at-top
   tf1 = tf.compat.v1
   metadata = tf1.RunMetadata()
   run(options=tf1.RunOptions(trace_level=tf1.RunOptions.FULL_TRACE), run_metadata=metadata)
@@ -177,7 +140,6 @@ def peer_worker(steps, length, threads, warmup, profile=False):
   """Runs inside the peer venv (no TensorFlow): times the PyTorch training step."""
   import warnings  # pylint: disable=g-import-not-at-top
   warnings.filterwarnings("ignore")
-  import common  # pylint: disable=g-import-not-at-top
   import torch  # pylint: disable=g-import-not-at-top
   from routing_transformer import RoutingTransformerLM  # pylint: disable=g-import-not-at-top
   torch.set_num_threads(threads)
@@ -214,7 +176,6 @@ def peer_worker(steps, length, threads, warmup, profile=False):
 
 def torch_matmul_worker(threads):
   """Dense fp32 matmul GFLOP/s of PyTorch (inside the peer venv)."""
-  import common  # pylint: disable=g-import-not-at-top
   import torch  # pylint: disable=g-import-not-at-top
   torch.set_num_threads(threads)
   a, b = torch.randn(MATMUL, MATMUL), torch.randn(MATMUL, MATMUL)
@@ -228,7 +189,6 @@ def tf_matmul_worker(threads):
   """Dense fp32 (and bfloat16) matmul GFLOP/s of TensorFlow (this venv), as benchmarks/common.py
   measures it."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  import common  # pylint: disable=g-import-not-at-top
   from routing_transformer.t2t import glue  # pylint: disable=g-import-not-at-top
   tf.config.threading.set_intra_op_parallelism_threads(threads)
   return {"record": "matmul", "framework": "tensorflow", "version": tf.__version__,
@@ -237,13 +197,9 @@ def tf_matmul_worker(threads):
           "gflops_bfloat16": common.matmul_gflops(MATMUL, dtype="bfloat16")}
 
 
-def _start_ours(record, xla, length, threads):
-  """(common, tensorflow, train_step) for a worker timing our step: XLA auto-clustering enabled
-  before TF starts if `xla` (it clusters only in sessions that ask for it), the start recorded,
-  TF's intra-op threads set (read by tf1.Session too)."""
-  import common  # pylint: disable=g-import-not-at-top
-  if xla:
-    common.enable_cpu_xla_autoclustering()
+def _start_ours(record, length, threads):
+  """(common, tensorflow, train_step) for a worker timing our step: the start recorded, TF's
+  intra-op threads set (read by tf1.Session too)."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   import train_step  # pylint: disable=g-import-not-at-top
   common.start(record, config="bench-8k", length=length)
@@ -253,12 +209,11 @@ def _start_ours(record, xla, length, threads):
 
 def ours_worker(name, steps, length, threads, warmup, profile=False):
   """Times one of our configurations (OURS) in this process: the T2T step of train_step.py."""
-  xla = name.endswith("_xla")
-  common, tf, train_step = _start_ours("peers_ours", xla, length, threads)
+  common, tf, train_step = _start_ours("peers_ours", length, threads)
   from routing_transformer.t2t import glue  # pylint: disable=g-import-not-at-top
   model, overrides = OURS[name]
   started = time.perf_counter()
-  run, params = train_step.build_train_step(model, length, overrides, xla=xla)
+  run, params = train_step.build_train_step(model, length, overrides)
   build = time.perf_counter() - started
   baseline = common.rss_mb()  # TF and T2T imported, step built, variables initialised
   started = time.perf_counter()
@@ -266,8 +221,8 @@ def ours_worker(name, steps, length, threads, warmup, profile=False):
   first = time.perf_counter() - started
   seconds = common.median_time(run, steps, max(warmup - 1, 0))
   record = {"record": "point", "side": "ours", "name": name,
-            "model": "%s, train_step.py%s%s" % (model, "".join(
-                ", %s=%s" % kv for kv in sorted(overrides.items())), ", XLA" if xla else ""),
+            "model": "%s, train_step.py%s" % (model, "".join(
+                ", %s=%s" % kv for kv in sorted(overrides.items()))),
             "tensorflow": tf.__version__, "threads": threads, "seconds_per_step": seconds,
             "tokens_per_sec": length / seconds, "peak_rss_mb": common.peak_rss_mb(),
             "baseline_rss_mb": baseline,
@@ -287,13 +242,11 @@ def interleaved_worker(names, steps, length, threads, warmup):
   graph and session, its first step run, then `steps` rounds of one step of each in alternating
   order (`common.interleaved_times`). Time only: every graph lives in this process, so its RSS
   says nothing about one configuration's memory."""
-  common, tf, train_step = _start_ours(
-      "peers_interleaved", any(name.endswith("_xla") for name in names), length, threads)
+  common, tf, train_step = _start_ours("peers_interleaved", length, threads)
   runs = {}
   for name in names:
     model, overrides = OURS[name]
-    runs[name], _ = train_step.build_train_step(model, length, overrides,
-                                                xla=name.endswith("_xla"))
+    runs[name], _ = train_step.build_train_step(model, length, overrides)
     runs[name]()  # the first step (graph optimisation, allocations), untimed
   times = common.interleaved_times(runs, steps, warmup=max(warmup - 1, 0))
   return {"record": "interleaved", "names": names, "reference": names[0], "steps": steps,
@@ -352,7 +305,7 @@ def main(argv=None):
   parser.add_argument("--warmup", type=int, default=2)
   parser.add_argument("--length", type=int, default=8192)
   parser.add_argument("--threads", type=int, default=os.cpu_count())
-  parser.add_argument("--ours", default="routing",
+  parser.add_argument("--ours", default=",".join(OURS),
                       help="comma-separated configurations of ours: " + ", ".join(OURS))
   parser.add_argument("--worker", choices=["peer", "ours", "ours_interleaved", "tf_matmul",
                                            "torch_matmul"],
@@ -376,7 +329,6 @@ def main(argv=None):
   parser.add_argument("--out", default=os.path.join(HERE, "results"))
   args = parser.parse_args(argv)
   if args.worker:
-    sys.path.insert(0, HERE)
     if args.worker == "peer":  # inside the peer venv
       record = peer_worker(args.steps, args.length, args.threads, args.warmup, args.profile)
     elif args.worker == "torch_matmul":
@@ -392,8 +344,6 @@ def main(argv=None):
     print(json.dumps(record))
     return
 
-  sys.path.insert(0, HERE)
-  import common  # pylint: disable=g-import-not-at-top
   names = [n.strip() for n in args.ours.split(",") if n.strip()]
   unknown = [n for n in names if n not in OURS]
   if unknown:
@@ -479,6 +429,9 @@ def main(argv=None):
         ratios["peak_rss_%s_over_peer" % name],
         "; utilisation of the bfloat16 matmul rate %.2f" % r["utilisation_bfloat16"]
         if "utilisation_bfloat16" in r else ""))
+  print("\nEach switch's bench-8k peak RSS under TF's executor (own process each):")
+  print("\n".join(common.switch_table({n: r["peak_rss_mb"] for n, r in mine.items()},
+                                      peer["peak_rss_mb"])))
   if interleaved:
     print(interleaved_table(interleaved))
   if args.profile:
@@ -492,7 +445,5 @@ if __name__ == "__main__":
   if "--worker" in sys.argv and not {"ours", "ours_interleaved", "tf_matmul"} & set(sys.argv):
     main()  # the peer venv: no TensorFlow, no re-exec
   else:
-    sys.path.insert(0, HERE)
-    import common  # pylint: disable=g-import-not-at-top,wrong-import-position
     common.ensure_bench_env()
     main()

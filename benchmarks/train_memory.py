@@ -14,12 +14,13 @@ tokens/s) / that rate is read against the same machine in the same run.
 
 Part "8k" (bench-8k: length 8192, batch 1, vocab --vocab, the models of
 benchmarks/train_step.py, the whole T2T training step with Adafactor): the configurations of
-CONFIGS (--configs picks some; benchmarks/xla_memory.py compiles the same ones with XLA), each
---warmup warm-up steps (the first included) and --steps timed steps (median); the memory
-switches: logits_chunk_size=--chunk; recompute_layers; recompute_attention (with
-recompute_keep_heads / recompute_keep_qkv); ffn_rebuild_linear; activation_dtype=bfloat16 (the
-*_bf16 configurations: peak RSS against their float32 twins; the machine record says whether
-the CPU has AVX512_BF16, without which bfloat16 matmuls are slow).
+CONFIGS (`common.SWITCHES`, --configs picks some; benchmarks/peers.py and xla_memory.py measure
+the same ones), each --warmup warm-up steps (the first included) and --steps timed steps
+(median): the plain step, recompute_attention, recompute_layers, logits_chunk_size=--chunk, the
+three together and activation_dtype=bfloat16 (the machine record says whether the CPU has
+AVX512_BF16, without which bfloat16 matmuls are slow). The switch table gives each one's peak
+RSS over the plain step's and over the PyTorch port's, read from --peer_results (the last
+`make bench-peers`).
 
 Part "lengths": for each model of --models (routing: 6 local + 2 routing heads, clusters of 512,
 length / 512 of them; local: 8 local heads; full: 8 heads of dense causal attention), without
@@ -48,40 +49,15 @@ sys.path.insert(0, HERE)
 import common  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 LENGTH_8K = 8192
-CHUNK = 1024
-CONFIGS = {  # name -> (train_step.py model, hparams overrides; "chunk" = logits_chunk_size)
-    "routing": ("routing", {}),
-    "routing_recompute": ("routing", {"recompute_layers": True}),
-    "routing_chunked": ("routing", {"logits_chunk_size": "chunk"}),
-    "routing_recompute_chunked": ("routing", {"recompute_layers": True,
-                                              "logits_chunk_size": "chunk"}),
-    "routing_attention_recompute": ("routing", {"recompute_attention": True}),
-    "routing_recompute_chunked_attention": ("routing", {"recompute_layers": True,
-                                                        "logits_chunk_size": "chunk",
-                                                        "recompute_attention": True}),
-    "routing_recompute_chunked_attention_keep": ("routing", {"recompute_layers": True,
-                                                             "logits_chunk_size": "chunk",
-                                                             "recompute_attention": True,
-                                                             "recompute_keep_heads": True}),
-    "routing_recompute_chunked_attention_qkv": ("routing", {"recompute_layers": True,
-                                                            "logits_chunk_size": "chunk",
-                                                            "recompute_attention": True,
-                                                            "recompute_keep_qkv": True}),
-    "routing_rebuild_linear": ("routing", {"ffn_rebuild_linear": True}),
-    "routing_causal_window": ("routing_causal_window", {}),
-    "local": ("local", {}),
-    "local_recompute": ("local", {"recompute_layers": True}),
-    "routing_bf16": ("routing", {"activation_dtype": "bfloat16"}),
-    "routing_recompute_bf16": ("routing", {"recompute_layers": True,
-                                           "activation_dtype": "bfloat16"}),
-}
+CHUNK = common.LOGITS_CHUNK
+CONFIGS = {name: ("routing", overrides) for name, overrides in common.SWITCHES.items()}
 LENGTH_MODELS = ("routing", "local", "full")
 GIB = 2.0 ** 30
 
 
 def overrides_of(config, chunk):
   """The hparams overrides of a CONFIGS entry with "chunk" replaced by --chunk."""
-  return {k: (chunk if v == "chunk" else v) for k, v in CONFIGS[config][1].items()}
+  return common.switch_overrides(config, chunk)
 
 
 def available_bytes():
@@ -248,21 +224,35 @@ def add_utilisation(records, roof):
 
 
 def ratios_8k(results):
-  """Step time and peak RSS of every ok configuration over the "routing" one, and of every
-  *_bf16 configuration over its float32 twin (the name without _bf16)."""
+  """Step time and peak RSS of every ok configuration over the plain step's."""
   ok = {name: r for name, r in results.items() if r["status"] == "ok"}
-  pairs = [(name, "routing") for name in ok if name != "routing"]
-  pairs += [(name, name[:-len("_bf16")]) for name in ok if name.endswith("_bf16")]
   out = {}
-  for name, base in pairs:
-    if base in ok:
-      out["time_%s_over_%s" % (name, base)] = (ok[name]["seconds_per_step"] /
-                                               ok[base]["seconds_per_step"])
-      out["peak_rss_%s_over_%s" % (name, base)] = ok[name]["peak_rss_mb"] / ok[base]["peak_rss_mb"]
+  if common.PLAIN in ok:
+    base = ok[common.PLAIN]
+    for name in ok:
+      if name != common.PLAIN:
+        out["time_%s_over_%s" % (name, common.PLAIN)] = (ok[name]["seconds_per_step"] /
+                                                         base["seconds_per_step"])
+        out["peak_rss_%s_over_%s" % (name, common.PLAIN)] = (ok[name]["peak_rss_mb"] /
+                                                             base["peak_rss_mb"])
   return out
 
 
-def print_tables(info, matmul, results, records, longest):
+def port_peak(path, vocab):
+  """(the PyTorch port's bench-8k peak RSS in MiB from peers.py's results `path`, where from),
+  or (None, why not) when the file is missing or measured another length."""
+  if not path or not os.path.exists(path):
+    return None, "no %s (`make bench-peers` writes it)" % path
+  with open(path) as f:
+    payload = json.load(f)
+  machine = payload.get("machine", {})
+  if machine.get("length") != LENGTH_8K:
+    return None, "%s measured length %s" % (path, machine.get("length"))
+  return payload["peer"]["peak_rss_mb"], "%s, %s, vocab 256 (ours: %d)" % (
+      path, machine.get("date"), vocab)
+
+
+def print_tables(info, matmul, results, records, longest, port=(None, "")):
   print("\n%s (AVX512_BF16: %s), %d threads, %s; TensorFlow dense fp32 matmul 2048^3: %.0f "
         "GFLOP/s (the higher of %.0f at the start and %.0f at the end); memory limit %.1f GiB "
         "(%s)" % (
@@ -282,6 +272,9 @@ def print_tables(info, matmul, results, records, longest):
       print("| %s | %.2f | %.0f | %.2f GiB | %.2f | %.0f s | %.0f s |" % (
           name, r["seconds_per_step"], r["tokens_per_sec"], r["peak_rss_mb"] / 1024.0,
           r["utilisation"], r["graph_build_seconds"], r["first_step_seconds"]))
+    peaks = {name: r["peak_rss_mb"] for name, r in results.items() if r["status"] == "ok"}
+    print("\nEach switch's bench-8k peak RSS under TF's executor (PyTorch port: %s)" % port[1])
+    print("\n".join(common.switch_table(peaks, port[0], info["chunk"])))
   if records:
     print("\n| model | length | status | s/step | peak process RSS | graph build |"
           "\n|---|---|---|---|---|---|")
@@ -313,6 +306,8 @@ def main(argv=None):
   parser.add_argument("--vocab", type=int, default=256)
   parser.add_argument("--threads", type=int, default=os.cpu_count())
   parser.add_argument("--out", default=os.path.join(HERE, "results"))
+  parser.add_argument("--peer_results", default=os.path.join(HERE, "results", "peers.json"),
+                      help="peers.py's results, for the PyTorch port's peak RSS")
   parser.add_argument("--worker", choices=["matmul", "step"], help=argparse.SUPPRESS)
   parser.add_argument("--model", help=argparse.SUPPRESS)
   parser.add_argument("--overrides", default="{}", help=argparse.SUPPRESS)
@@ -353,8 +348,12 @@ def main(argv=None):
   add_utilisation(list(results.values()) + records, matmul["gflops"])
   ratios = dict(ratios_8k(results), record="ratio")
   ratios.update(("longest_%s" % k, v) for k, v in longest.items())
+  port = port_peak(args.peer_results, args.vocab)
+  if port[0]:
+    ratios.update(("peak_rss_%s_over_port" % name, r["peak_rss_mb"] / port[0])
+                  for name, r in results.items() if r["status"] == "ok")
   common.emit(ratios)
-  print_tables(info, matmul, results, records, longest)
+  print_tables(info, matmul, results, records, longest, port)
   common.save(args.out, "train_memory.json", {"machine": info, "matmul": matmul,
                                               "bench_8k": results, "lengths": records,
                                               "longest": longest, "ratio": ratios})

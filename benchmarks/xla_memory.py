@@ -5,10 +5,9 @@ own buffer assignment, beside the TF executor's peak RSS of benchmarks/train_mem
         [--vocab 256] [--steps 0] [--timeout 7200] [--threads N] [--full_compile]
         [--keep_dump] [--executor_results FILE] [--out DIR] [--table]
 
-Every configuration (benchmarks/train_memory.py's CONFIGS: the memory switches
-recompute_layers, logits_chunk_size, recompute_attention, recompute_keep_heads,
-recompute_keep_qkv, ffn_rebuild_linear, bfloat16 activations, and the plain "routing" and
-"local") runs in its own process, which builds bench-8k's whole training step as
+Every configuration (`common.SWITCHES`, as benchmarks/train_memory.py and peers.py: the plain
+"routing" step, recompute_attention, recompute_layers, logits_chunk_size, the three together,
+bfloat16 activations) runs in its own process, which builds bench-8k's whole training step as
 benchmarks/train_step.py does (the T2T model's loss, T2T's `optimize` with Adafactor, the
 global step's increment: one step of a TPU training loop) inside `tf.xla.experimental.compile`
 (one XLA computation, as TPUEstimator's `tpu.rewrite`; it fails on any op XLA cannot compile),
@@ -57,7 +56,7 @@ import train_memory  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 LENGTH = 8192
 CONFIGS = train_memory.CONFIGS  # the TF executor's measurement's configurations
-BASE = "routing"
+BASE = common.PLAIN
 BUFFER_ASSIGNMENT = "*buffer-assignment.txt"
 ALLOCATION = re.compile(r"^allocation \d+: size (\d+)(.*)$")
 TOTAL = re.compile(r"^Total bytes used: (\d+)")
@@ -288,12 +287,13 @@ def compiled(record):
 
 def ratios(results, executor):
   """XLA total and temporary bytes, and the executor's peak RSS, of every configuration over
-  "routing"'s, and of every *_bf16 configuration over its float32 twin."""
+  the plain step's ("routing")."""
   ok = {name: r for name, r in results.items() if r["status"] == "ok"}
-  pairs = [(name, BASE) for name in results if name != BASE]
-  pairs += [(name, name[:-len("_bf16")]) for name in results if name.endswith("_bf16")]
   out = {}
-  for name, base in pairs:
+  base = BASE
+  for name in results:
+    if name == base:
+      continue
     if name in ok and base in ok and compiled(ok[name]) == compiled(ok[base]):
       for field in ("total_bytes", "temp_bytes"):
         out["xla_%s_%s_over_%s" % (field[:-6], name, base)] = (

@@ -9,27 +9,16 @@ with and without `recompute_layers` and with float32 or bfloat16 activations:
   grads       one float32 gradient per trainable variable
   optimizer   Adafactor slots (beta1 = 0: factored second moments vr + vc for matrices, v for
               vectors) and the k-means state (means, ema_count, ema_means)
-  activations the forward tensors the backward pass reads, counted per op as our TF graph
-              saves them (no fusion): per block q/k/v (with share_qk without the routing heads'
-              keys, which are not computed; the local heads' key/value memory blocks are
-              rebuilt from k and v), attention probabilities, the heads' output (head_dense's
-              input), both post-norm LayerNorms' float32 inputs (the residual sums) and GEGLU's
-              two matmul outputs x W1 and x W2 (its custom gradient recomputes gelu and the
-              product); outside the blocks the embeddings and the logits over the vocabulary
-              (logits and the softmax the cross-entropy gradient reads, float32; with
-              --logits_chunk_size those of one chunk of positions). REBUILT: the norms'
-              outputs (the block input, the FFN input, the output projection's input) and
-              head_dense's output are rebuilt in the backward pass (`core/rebuild.py`), not kept.
-              With recompute: the block inputs (checkpoints) + one block's other activations (the
-              block being re-run, which rebuilds nothing, whose FFN backward pass computes x W1
-              and x W2 for 1,024 rows at a time) + the embeddings and logits. With
-              --recompute_attention the local heads keep no probabilities and the routing heads
-              no q_hat, gathered clusters or probabilities (q, k, v are counted already).
-              --recompute_keep heads / qkv (recompute_keep_heads / recompute_keep_qkv, with
-              recompute_attention): each block also keeps its heads' output (and with qkv its
-              q, k, v), which the re-run block then does not hold again.
-              --ffn_rebuild_linear (hparam of the same name): a block that is not re-run keeps
-              x W1 but not x W2 (its FFN backward pass computes x W2 again in chunks).
+  activations the forward tensors TF's gradients read (`cost.layer_activation_bytes`, per op,
+              no fusion): per block its input, q/k/v (with share_qk without the routing heads'
+              keys), attention probabilities (the local heads' key/value memory blocks are
+              rebuilt from k and v), the heads' and head_dense's outputs, both post-norm
+              LayerNorms' float32 inputs, the FFN input and GEGLU's six [n, filter] tensors;
+              outside the blocks the embeddings, the output projection's input and the float32
+              logits and softmax (with --logits_chunk_size those of one chunk of positions).
+              recompute_layers: the block inputs (checkpoints) + one re-run block's tensors.
+              --recompute_attention: no attention probabilities, routing q_hat or gathered
+              clusters (the attention is re-run from q, k, v).
   total       params + grads + optimizer + activations
 
 bfloat16 activations: matmul inputs/outputs and GEGLU in bfloat16 (2 bytes), attention
@@ -38,8 +27,7 @@ loss stay float32). Boolean masks, scalars and transient buffers (the gradient o
 differentiated, XLA scratch) are not counted: an estimate of what stays alive, not a bound.
 
 Usage: python scripts/memory_estimate.py [--vocab 32768] [--length 8192] [--logits_chunk_size 0]
-                                         [--recompute_attention [--recompute_keep heads|qkv]]
-                                         [--ffn_rebuild_linear]
+                                         [--recompute_attention]
 """
 import argparse
 import os
@@ -66,39 +54,28 @@ def main(argv=None):
   parser.add_argument("--logits_chunk_size", type=int, default=0,
                       help="positions per chunk of the output projection + loss (0: whole)")
   parser.add_argument("--recompute_attention", action="store_true",
-                      help="the local heads' attention recomputed in the backward pass")
-  parser.add_argument("--recompute_keep", choices=["heads", "qkv"], default="",
-                      help="with --recompute_attention: recompute_keep_heads / recompute_keep_qkv")
-  parser.add_argument("--ffn_rebuild_linear", action="store_true",
-                      help="GEGLU keeps x W1 only, computing x W2 again in its backward pass")
+                      help="the attention re-run from q, k, v in the backward pass")
   args = parser.parse_args(argv)
-  if args.recompute_keep and not args.recompute_attention:
-    parser.error("--recompute_keep takes effect only with --recompute_attention")
   cfg = dict(PG19_LOCAL_CLUSTER8K, length=args.length)
   print("pg19_local_cluster8k, one sequence of %d tokens per device, vocab %d (%s parameters), "
-        "logits_chunk_size %d, recompute_attention %s%s%s" % (
+        "logits_chunk_size %d, recompute_attention %s" % (
             cfg["length"], args.vocab,
             "{:,}".format(cost.step_memory(cfg, args.vocab)["parameters"]),
-            args.logits_chunk_size, args.recompute_attention,
-            ", recompute_keep_" + args.recompute_keep if args.recompute_keep else "",
-            ", ffn_rebuild_linear" if args.ffn_rebuild_linear else ""))
+            args.logits_chunk_size, args.recompute_attention))
   print("\n| recompute_layers | activations | params | grads | Adafactor + k-means | "
         "activations (blocks + outside) | total GiB |\n|---|---|---|---|---|---|---|")
   for recompute in (False, True):
     for bf16 in (False, True):
       e = cost.step_memory(cfg, args.vocab, recompute, bf16, args.logits_chunk_size,
-                           args.recompute_attention, args.recompute_keep,
-                           args.ffn_rebuild_linear)
+                           args.recompute_attention)
       print("| %s | %s | %.2f | %.2f | %.3f | %.2f (%.2f + %.2f) | **%.2f** |" % (
           recompute, "bfloat16" if bf16 else "float32", e["params"] / GIB, e["grads"] / GIB,
           e["optimizer"] / GIB, e["activations"] / GIB, e["block_activations"] / GIB,
           e["outside_activations"] / GIB, e["total"] / GIB))
   print("\nOne block's activations (float32):")
-  for name, value in cost.layer_activation_bytes(cfg, cfg["layers"] - 1, 4,
-                                                 recompute_attention=args.recompute_attention,
-                                                 rebuild_linear=args.ffn_rebuild_linear).items():
-    rebuilt = "  (rebuilt without recompute_layers)" if name in cost.REBUILT else ""
-    print("  %-40s %8.1f MiB%s" % (name, value / 2.0 ** 20, rebuilt))
+  for name, value in cost.layer_activation_bytes(
+      cfg, cfg["layers"] - 1, 4, recompute_attention=args.recompute_attention).items():
+    print("  %-40s %8.1f MiB" % (name, value / 2.0 ** 20))
 
 
 if __name__ == "__main__":

@@ -1,8 +1,8 @@
 """The training-step memory of core/cost.py (scripts/memory_estimate.py prints it): the script's
-config is the registered set, the variables are the model's,
-and its totals add up (recompute keeps the checkpoints and one block; bfloat16 halves the rest;
-recompute_attention drops the local heads' probabilities and the routing heads' gathered clusters
-and probabilities; the local heads' memory blocks are never kept)."""
+config is the registered set, the variables are the model's, the GEGLU block keeps what TF's
+gradients read, and the totals add up (recompute keeps the checkpoints and one block; bfloat16
+halves the rest; recompute_attention drops the local heads' probabilities and the routing heads'
+gathered clusters and probabilities; the local heads' memory blocks are never kept)."""
 import os
 import sys
 
@@ -51,30 +51,53 @@ def test_totals_add_up(bf16):
     assert e["activations"] == e["block_activations"] + e["outside_activations"]
     assert e["params"] == e["grads"] == 4 * e["parameters"]
   layers = [cost.layer_activation_bytes(cfg, i, act) for i in range(cfg["layers"])]
-  # a block that is not re-run rebuilds its norms' outputs and head_dense's output
-  rebuilt = {"block input", "head_dense output", "ffn input"}
-  assert set(cost.REBUILT) == rebuilt
-  assert plain["block_activations"] == sum(
-      sum(v for k, v in layer.items() if k not in rebuilt) for layer in layers)
-  assert all(layer[k] == cfg["length"] * cfg["hidden"] * act for layer in layers for k in rebuilt)
-  checkpoints = cfg["layers"] * cfg["length"] * cfg["hidden"] * act
+  # TF's own gradients: a block that is not re-run keeps everything its ops' gradients read
+  assert plain["block_activations"] == sum(sum(layer.values()) for layer in layers)
+  n, h, f = cfg["length"], cfg["hidden"], cfg["filter"]
+  assert all(layer["ffn intermediates"] == 6 * n * f * act for layer in layers)
+  checkpoints = cfg["layers"] * n * h * act
   assert recompute["checkpoints"] == checkpoints
   assert recompute["block_activations"] == checkpoints + recompute["one_layer"]
-  # the re-run block's FFN backward pass: x W1 and x W2 for 1,024 of 8,192 rows at a time
-  assert recompute["one_layer"] == max(sum(x.values()) - x["block input"] -
-                                       x["ffn intermediates"] * 7 // 8 for x in layers)
+  # the re-run block holds all it keeps without recompute (no chunks of rows)
+  assert recompute["one_layer"] == max(sum(x.values()) - x["block input"] for x in layers)
   assert recompute["outside_activations"] == plain["outside_activations"]
   assert recompute["block_activations"] < plain["block_activations"] / 10
 
 
-def test_the_output_projection_input_is_kept_only_after_final_dense_1():
-  """hidden == embedding: the projection reads the last norm's output, which is rebuilt; else
-  final_dense_1's output [n, embedding], which is kept."""
+def test_the_output_projection_keeps_its_input_and_final_dense_1s():
+  """hidden == embedding: the projection reads the last norm's output [n, embedding]; else also
+  final_dense_1 reads it [n, hidden]."""
   cfg = memory_estimate.PG19_LOCAL_CLUSTER8K
   same = cost.outside_activation_bytes(cfg, 32768, 4)
   other = cost.outside_activation_bytes(dict(cfg, embedding=512), 32768, 4)
-  assert same["final_dense_2 input"] == 0
-  assert other["final_dense_2 input"] == 8192 * 512 * 4
+  assert same["final_dense_2 input"] == 8192 * 1032 * 4
+  assert other["final_dense_2 input"] == 8192 * 512 * 4 + 8192 * 1032 * 4
+  chunked = cost.outside_activation_bytes(cfg, 32768, 4, logits_chunk=1024)
+  assert chunked["logits and softmax (float32)"] == 2 * 1024 * 32768 * 4
+
+
+def test_geglu_keeps_what_tfs_gradients_read():
+  """The forward [n, filter] tensors the gradient ops of the plain GEGLU block
+  (gelu(x W1) * (x W2)) W3 read, counted on the graph: cost.FFN_KEPT["geglu"]."""
+  from routing_transformer.core import layers  # pylint: disable=g-import-not-at-top
+  n, h, f = 8, 4, 16
+  with tf.Graph().as_default():
+    x, w1, w2, w3 = (tf.constant(np.ones(s, np.float32)) for s in ((n, h), (h, f), (h, f), (f, h)))
+    a, b = tf.matmul(x, w1), tf.matmul(x, w2)
+    y = tf.matmul(layers.gelu(a) * b, w3)
+    grads = tf1.gradients(tf.reduce_sum(y), [x, w1, w2, w3])
+    seen, stack, read = set(), [g.op for g in grads], set()
+    while stack:
+      op = stack.pop()
+      if op in seen:
+        continue
+      seen.add(op)
+      for t in op.inputs:
+        stack.append(t.op)
+        if op.name.startswith("gradients") and not t.op.name.startswith("gradients"):
+          if t.shape.as_list() == [n, f]:
+            read.add(t.name)
+  assert len(read) == cost.FFN_KEPT["geglu"], sorted(read)
 
 
 def test_bfloat16_halves_only_the_bfloat16_tensors():
@@ -88,7 +111,7 @@ def test_bfloat16_halves_only_the_bfloat16_tensors():
           cost.step_memory(cfg, VOCAB8K)["params"])
 
 
-def test_recompute_attention_drops_the_local_heads_probabilities():
+def test_recompute_attention_drops_the_attention_probabilities():
   """pg19_local_cluster8k's first block (8 local heads of 129): the probabilities 8 x 8192 x 512
   x 4 bytes are gone; nothing else changes (the key/value memory blocks, rebuilt from k and v by
   `local.memory_product`, are kept in neither)."""
@@ -107,48 +130,6 @@ def test_recompute_attention_drops_the_local_heads_probabilities():
   # (3 x 2 x 8192 x 129 x 4 bytes) nor the probabilities (2 x 16 x 512 x 512 x 4 bytes)
   routing_saved = 3 * 2 * 8192 * 129 * 4 + 2 * 16 * 512 * 512 * 4
   assert saved == 22 * sum(plain[k] for k in gone) - last_layer_routing_heads + routing_saved
-
-
-@pytest.mark.parametrize("bf16", [False, True])
-def test_recompute_keep_moves_the_kept_tensors_into_the_checkpoints(bf16):
-  """--recompute_keep heads: each block also keeps its heads' output [n, hidden]; qkv: and its
-  q, k, v (the routing heads keep no q_hat with recompute_attention: it is re-run from q); the
-  re-run block then holds them not again."""
-  cfg, act = memory_estimate.PG19_LOCAL_CLUSTER8K, 2 if bf16 else 4
-  n, h = cfg["length"], cfg["hidden"]
-  lean, heads, qkv = (cost.step_memory(cfg, VOCAB8K, recompute=True, bf16=bf16,
-                                       recompute_attention=True, keep=keep)
-                      for keep in ("", "heads", "qkv"))
-  assert heads["checkpoints"] - lean["checkpoints"] == 22 * n * h * act
-  layers = [cost.layer_activation_bytes(cfg, i, act, recompute_attention=True)
-            for i in range(22)]
-  assert all(x["routing q_hat and gathered q, v"] == 0 for x in layers)
-  extra = sum(x["q, k, v"] for x in layers)
-  assert qkv["checkpoints"] - heads["checkpoints"] == extra
-  assert lean["one_layer"] - heads["one_layer"] == n * h * act
-  assert heads["one_layer"] > qkv["one_layer"]
-  with pytest.raises(ValueError, match="recompute_attention"):
-    cost.step_memory(cfg, VOCAB8K, recompute=True, keep="heads")
-
-
-def test_ffn_backward_rows_are_the_models():
-  from routing_transformer.core import layers  # pylint: disable=g-import-not-at-top
-  assert cost.FFN_BACKWARD_ROWS == layers.FFN_BACKWARD_ROWS
-
-
-@pytest.mark.parametrize("bf16", [False, True])
-def test_ffn_rebuild_linear_drops_x_w2_from_every_kept_block(bf16):
-  """--ffn_rebuild_linear: a block that is not re-run keeps x W1 [n, filter] but not x W2;
-  with recompute_layers nothing changes (the re-run block's FFN computes both in chunks)."""
-  cfg, act = memory_estimate.PG19_LOCAL_CLUSTER8K, 2 if bf16 else 4
-  n, f = cfg["length"], cfg["filter"]
-  plain, rebuilt = (cost.step_memory(cfg, VOCAB8K, bf16=bf16, rebuild_linear=r)
-                    for r in (False, True))
-  assert plain["total"] - rebuilt["total"] == 22 * n * f * act
-  assert (cost.step_memory(cfg, VOCAB8K, recompute=True, bf16=bf16, rebuild_linear=True) ==
-          cost.step_memory(cfg, VOCAB8K, recompute=True, bf16=bf16))
-  layer = cost.layer_activation_bytes(cfg, 0, act, rebuild_linear=True)
-  assert layer["ffn intermediates"] == n * f * act
 
 
 def test_one_attention_model_serves_cost_and_memory():

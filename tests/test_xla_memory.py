@@ -163,8 +163,12 @@ def test_configurations_set_existing_hparams():
   train_step = benchmark_module("train_step")
   train_memory = benchmark_module("train_memory")
   plain = train_step.model_hparams("routing", 1024).values()
-  names = set(xla_memory.CONFIGS)
-  assert {"routing", "local", "routing_recompute_chunked_attention_qkv"} <= names
+  assert list(xla_memory.CONFIGS) == [
+      "routing", "routing_attention_recompute", "routing_recompute", "routing_chunked",
+      "routing_recompute_chunked_attention", "routing_bf16"]
+  assert xla_memory.CONFIGS == train_memory.CONFIGS
+  assert benchmark_module("peers").OURS == {
+      name: ("routing", train_memory.overrides_of(name, 1024)) for name in xla_memory.CONFIGS}
   for name in xla_memory.CONFIGS:
     overrides = train_memory.overrides_of(name, 512)
     for key, value in overrides.items():
@@ -172,6 +176,29 @@ def test_configurations_set_existing_hparams():
       assert isinstance(value, type(plain[key])), (name, key, value)
     assert xla_memory.CONFIGS[name][0] in train_step.KINDS
   assert train_memory.overrides_of("routing_chunked", 512) == {"logits_chunk_size": 512}
+  assert train_memory.overrides_of("routing_recompute_chunked_attention", 512) == {
+      "recompute_layers": True, "recompute_attention": True, "logits_chunk_size": 512}
+
+
+def test_the_switch_table_gives_each_peak_over_the_plain_steps_and_the_ports():
+  common = benchmark_module("common")
+  lines = common.switch_table({"routing": 2048.0, "routing_recompute": 1536.0}, port_mb=4096.0)
+  rows = {line.split(" | ")[0][2:]: line.split(" | ")[1:] for line in lines
+          if line.startswith("| routing")}
+  assert rows["routing"] == ["(plain)", "2.00 GiB", "1.00", "0.50 |"]
+  assert rows["routing_recompute"] == ["recompute_layers=True", "1.50 GiB", "0.75", "0.38 |"]
+  assert common.switch_table({"routing_recompute": 1536.0})[-1].endswith("| - | - |")
+
+
+def test_train_memory_reads_the_ports_peak_from_the_peers_results(tmp_path):
+  train_memory = benchmark_module("train_memory")
+  path = tmp_path / "peers.json"
+  path.write_text(json.dumps({"machine": {"length": 8192, "date": "2026-12-01"},
+                              "peer": {"peak_rss_mb": 3000.0}}))
+  assert train_memory.port_peak(str(path), 256)[0] == 3000.0
+  path.write_text(json.dumps({"machine": {"length": 1024}, "peer": {"peak_rss_mb": 3.0}}))
+  assert train_memory.port_peak(str(path), 256) == (None, "%s measured length 1024" % path)
+  assert "make bench-peers" in train_memory.port_peak(str(tmp_path / "no.json"), 256)[1]
 
 
 def point(total, temp, allocations=10):
@@ -187,14 +214,15 @@ def point(total, temp, allocations=10):
 def test_ratios_and_table_against_plain_routing_with_the_executors_peaks(tmp_path, capsys):
   results = {"routing": point(1000, 800), "routing_recompute": point(1000, 800),
              "routing_chunked": point(1000, 800, allocations=11), "routing_bf16": point(600, 400),
-             "routing_recompute_bf16": point(500, 300), "local": {"status": "failed"},
-             "routing_rebuild_linear": dict(point(900, 700), compiled="loss and gradients")}
+             "routing_attention_recompute": {"status": "failed"},
+             "routing_recompute_chunked_attention": dict(point(900, 700),
+                                                         compiled="loss and gradients")}
   path = tmp_path / "train_memory.json"
   path.write_text(json.dumps({"machine": {"date": "2026-12-01", "vocab": 256, "chunk": 1024},
                               "bench_8k": {"routing": {"status": "ok", "peak_rss_mb": 2048.0},
                                            "routing_recompute": {"status": "ok",
                                                                  "peak_rss_mb": 1536.0},
-                                           "local": {"status": "timeout"}}}))
+                                           "routing_bf16": {"status": "timeout"}}}))
   executor, machine, why_not = xla_memory.executor_peaks(str(path), 256, 1024)
   assert executor == {"routing": 2048.0, "routing_recompute": 1536.0} and why_not is None
   assert machine["date"] == "2026-12-01"
@@ -203,9 +231,8 @@ def test_ratios_and_table_against_plain_routing_with_the_executors_peaks(tmp_pat
   ratio = xla_memory.ratios(results, executor)
   assert ratio["xla_total_routing_bf16_over_routing"] == 0.6
   assert ratio["xla_temp_routing_bf16_over_routing"] == 0.5
-  assert ratio["xla_temp_routing_recompute_bf16_over_routing_recompute"] == 300 / 800
   assert ratio["executor_peak_rss_routing_recompute_over_routing"] == 0.75
-  assert not any("local" in key or "rebuild" in key for key in ratio)  # failed; not a step
+  assert not any("attention" in key for key in ratio)  # failed; not a whole step
   xla_memory.print_table(results, executor, "a file", 8192)
   rows = {line.split(" | ")[0][2:]: line.split(" | ")[1:]
           for line in capsys.readouterr().out.splitlines() if line.startswith("| ")}
@@ -214,5 +241,5 @@ def test_ratios_and_table_against_plain_routing_with_the_executors_peaks(tmp_pat
   assert rows["routing"][1] == "1"
   assert rows["routing_recompute"][-2:] == ["1.50 GiB", "0.75 |"]
   assert rows["routing_chunked"][1] == "1.00" and rows["routing_bf16"][3] == "0.50"
-  assert rows["local"][0] == "failed"
-  assert rows["routing_rebuild_linear (loss and gradients)"][:2] == ["900 MiB", "-"]
+  assert rows["routing_attention_recompute"][0] == "failed"
+  assert rows["routing_recompute_chunked_attention (loss and gradients)"][:2] == ["900 MiB", "-"]

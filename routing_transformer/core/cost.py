@@ -1,23 +1,16 @@
-"""The model's cost, by arithmetic from its hparams (no TensorFlow): attention FLOPs and memory,
-the local heads' reach, and the memory of one training step per device.
+"""The model's cost by arithmetic from its hparams (no TensorFlow): attention FLOPs and memory,
+the local heads' reach, the memory of one training step per device (`step_memory`).
 
-Per head and decoder layer, with n positions and d = hidden / heads:
-  local (blocked) head   n (b + m) logits         (block b = query_shape, flange m)
-  full head              n^2 logits               (full_attention: one block of n, no flange)
-  routing head, "topk"   k w^2 logits + n k centroid scores   (k clusters, window w)
-  routing, causal_window n 2w logits + n k centroid scores    (blocks of w in cluster order)
-FLOPs: 4 d per logit (q.k and the weighted sum of v, a multiply-add each) plus 2 d per centroid
-score; memory: the attention weights held per layer (logits + centroid scores), in floats.
-Counts are of what the implementation computes (masked entries included).
-
-Training-step memory (`config`, `step_memory`; scripts/memory_estimate.py prints it, and
-scripts/mtf_memory_estimate.py adds Mesh-TF's per-device sizes up as `step_total` does): the
-variables, Adafactor's slots, the k-means state and the forward tensors the backward pass reads
-(see the script's docstring for what each block keeps).
+Per head and decoder layer, n positions, d = hidden / heads, masked entries counted: a local
+head n (b + m) logits (block b = query_shape, flange m; full: n^2), a routing head k w^2 logits
+(k clusters of window w; causal_window: n 2w) + n k centroid scores. FLOPs: 4 d per logit, 2 d
+per score; memory: the attention weights held per layer, in floats.
 """
 import collections
+import math
 
 Cost = collections.namedtuple("Cost", ["flops", "memory"])
+GIB = 2.0 ** 30
 
 
 def _get(hparams, name, default=None):
@@ -30,19 +23,17 @@ def length_of(hparams):
 
 
 def local_span(hparams, length, as_local=False):
-  """(block, flange) of the non-routing heads (as routing_transformer.core.layers.local_span);
-  `as_local`: those of the local heads even when `full_attention` is set."""
-  if _get(hparams, "full_attention", False) and not as_local:
-    return length, 0
-  return hparams.query_shape[0], hparams.memory_flange[0]
+  """(block, flange) of the non-routing heads (as `layers.local_span`); `as_local`: those of
+  the local heads even with `full_attention`."""
+  full = _get(hparams, "full_attention", False) and not as_local
+  return (length, 0) if full else (hparams.query_shape[0], hparams.memory_flange[0])
 
 
 def heads_of_layer(local, routing, skip_first, hidden, layer):
   """(routing heads, other heads, depth per head) of decoder layer `layer` (as
-  layers.head_counts): the first `skip_first` layers' routing heads attend locally."""
-  heads = local + routing
-  routing = routing if layer >= skip_first else 0
-  return routing, heads - routing, hidden // heads
+  `layers.head_counts`): the first `skip_first` layers' routing heads attend locally."""
+  routing_here = routing if layer >= skip_first else 0
+  return routing_here, local + routing - routing_here, hidden // (local + routing)
 
 
 def layer_heads(hparams, layer):
@@ -52,47 +43,34 @@ def layer_heads(hparams, layer):
 
 
 def attention_logits(length, block, flange, clusters, window, causal_window=False):
-  """(logits of a local head, logits of a routing head, centroid scores of a routing head) over
-  `length` positions (see the module docstring)."""
+  """(local head logits, routing head logits, routing head centroid scores)."""
   routing = length * 2 * window if causal_window else clusters * window * window
   return length * (block + flange), routing, length * clusters
 
 
 def local_receptive_field(hparams, length=None, as_local=False):
-  """How far back (in positions) a chain of the non-routing heads reaches through the decoder
-  layers: the first hop from a query at the end of its block reaches b - 1 + m back (its block
-  start, then the flange m), every further layer with such heads m more (it hops from a block
-  start); the residual stream carries positions through other layers unchanged. So
-  (b - 1) + L m with L the layers that have non-routing heads; full attention: n - 1. With
-  `as_local`: the reach of the model's local twin (its query_shape / memory_flange, every
-  decoder layer with local heads), so every model of a family, full attention and routing
-  heads alone included, is split at the same distance."""
+  """How far back the non-routing heads reach through the decoder: (b - 1) + L m (L layers with
+  such heads), at most n - 1; `as_local`: that of the model's all-local twin."""
   n = length or length_of(hparams)
   block, flange = local_span(hparams, n, as_local)
   layers = range(hparams.num_decoder_layers)
   num_local = len(layers) if as_local else sum(1 for i in layers if layer_heads(hparams, i)[1])
-  if not num_local:
-    return 0
-  return min(block - 1 + num_local * flange, n - 1)
+  return min(block - 1 + num_local * flange, n - 1) if num_local else 0
 
 
 def attention_cost(hparams, length=None):
   """Cost(flops, memory) of the decoder's self-attention for one sequence of `length`."""
   n = length or length_of(hparams)
   block, flange = local_span(hparams, n)
-  clusters = hparams.sparsity_cluster_size
-  window = hparams.sparsity_cluster_attention_window
   causal_window = _get(hparams, "routing_mode", "topk") == "causal_window"
+  local_logits, logits, scores = attention_logits(
+      n, block, flange, hparams.sparsity_cluster_size, hparams.sparsity_cluster_attention_window,
+      causal_window)
   flops = memory = 0
-  local_logits, logits, scores = attention_logits(n, block, flange, clusters, window,
-                                                  causal_window)
   for layer in range(hparams.num_decoder_layers):
     routing, other, depth = layer_heads(hparams, layer)
-    flops += other * 4 * depth * local_logits
-    memory += other * local_logits
-    if routing:
-      flops += routing * (4 * depth * logits + 2 * depth * scores)
-      memory += routing * (logits + scores)
+    flops += other * 4 * depth * local_logits + routing * (4 * depth * logits + 2 * depth * scores)
+    memory += other * local_logits + routing * (logits + scores)
   return Cost(flops, memory)
 
 
@@ -100,9 +78,8 @@ def full_attention_cost(hparams, length=None):
   """The cost of the same model with every head full (dense causal)."""
   n = length or length_of(hparams)
   heads = hparams.local_num_heads + hparams.sparsity_cluster_num_heads
-  depth = hparams.hidden_size // heads
   logits = hparams.num_decoder_layers * heads * n * n
-  return Cost(4 * depth * logits, logits)
+  return Cost(4 * (hparams.hidden_size // heads) * logits, logits)
 
 
 def relative_to_full(hparams, length=None):
@@ -111,19 +88,15 @@ def relative_to_full(hparams, length=None):
   return cost.flops / full.flops, cost.memory / full.memory
 
 
-# ---------------------------------------------------------------------------------------------
-# Memory of one training step per device (one sequence), from a `config`
+# --- Memory of one training step per device (one sequence), from a `config` ---------------------
 
-GIB = 2.0 ** 30
-FFN_BACKWARD_ROWS = 1024  # core/layers.py: rows per GEGLU backward chunk
-# What a block's backward pass reads but rebuilds instead of keeping (`core/rebuild.py`): the
-# norms' outputs and head_dense's output. A re-run block (recompute_layers) keeps them.
-REBUILT = ("block input", "head_dense output", "ffn input")
+# [n, filter] tensors TF's gradients of the FFN read: GEGLU x W1, x W2, gelu's tanh and cdf,
+# gelu(x W1), the product (`layers.gelu`); dense_relu_dense relu's output.
+FFN_KEPT = {"geglu": 6, "dense_relu_dense": 1}
 
 
 def config(hparams):
-  """The memory model's config (a dict of plain numbers) from T2T hparams; full_attention: one
-  block of the whole length, no flange (`local_span`)."""
+  """The memory model's config (plain numbers) from T2T hparams."""
   length = length_of(hparams)
   block, flange = local_span(hparams, length)
   return dict(
@@ -179,112 +152,68 @@ def variable_shapes(cfg, vocab):
   return shapes
 
 
-def _size(shape):
-  n = 1
-  for s in shape:
-    n *= s
-  return n
-
-
 def adafactor_slot_elements(shape):
   """T2T Adafactor with beta1 = 0: vr [..., rows] + vc [..., cols] for rank >= 2, else v."""
   if len(shape) >= 2:
-    return _size(shape[:-1]) + _size(shape[:-2] + shape[-1:])
-  return _size(shape)
+    return math.prod(shape[:-1]) + math.prod(shape[:-2] + shape[-1:])
+  return math.prod(shape)
 
 
-def layer_activation_bytes(cfg, i, act, f32=4, recompute_attention=False, rebuild_linear=False):
-  """{component: bytes} the backward pass of decoder block i reads (one sequence; a block that
-  is not re-run keeps all but REBUILT); recompute_attention: the local heads' attention and the
-  routing heads' cluster attention are recomputed (hparam of the same name); rebuild_linear:
-  GEGLU keeps x W1 only (hparam ffn_rebuild_linear)."""
+def layer_activation_bytes(cfg, i, act, f32=4, recompute_attention=False):
+  """{component: bytes} decoder block i keeps for TF's gradients (one sequence), `act` bytes per
+  activation, probabilities and norm inputs float32. recompute_attention: no probabilities, q_hat
+  or gathered clusters (re-run from q, k, v). The local heads' memory blocks are rebuilt."""
   n, h, f = cfg["length"], cfg["hidden"], cfg["filter"]
   routing, local, d = config_heads(cfg, i)
   local_logits, routing_logits, _ = attention_logits(
       n, cfg["block"], cfg["flange"], cfg["clusters"], cfg["window"],
       cfg.get("routing_mode") == "causal_window")
-  routing_kept = 3  # q_hat and the gathered q and v
-  if recompute_attention:
-    local = 0  # no probabilities kept
-    routing_kept = 0  # the normalisation and cluster attention re-run from q, k, v
-  # (the local heads' key/value memory blocks are rebuilt from k and v in the backward pass)
+  kept = 0 if recompute_attention else 1
   return {
-      "block input": n * h * act,
+      "block input": n * h * act,  # the q, k, v products' input
       "q, k, v": (3 * h - (routing * d if cfg["share_qk"] else 0)) * n * act,
-      "local attention probabilities": local * local_logits * f32,
-      "routing q_hat and gathered q, v": routing * routing_kept * n * d * act,
-      "routing attention probabilities": (0 if recompute_attention else
-                                          routing * routing_logits * f32),
-      "heads output": n * h * act,  # head_dense's input (or output_transform's without it)
+      "local attention probabilities": kept * local * local_logits * f32,
+      "routing q_hat and gathered q, v": kept * routing * 3 * n * d * act,
+      "routing attention probabilities": kept * routing * routing_logits * f32,
+      "heads output": n * h * act,  # head_dense's input (output_transform's without it)
       "head_dense output": n * h * act if cfg["head_dense"] else 0,
-      "post-norm LayerNorm inputs": 2 * n * h * f32,  # the norms keep only their inputs
+      "post-norm LayerNorm inputs": 2 * n * h * f32,  # the residual sums (`norm.layer_norm`)
       "ffn input": n * h * act,
-      # GEGLU: x W1, x W2 (x W1 with rebuild_linear); else relu in and out
-      "ffn intermediates": (1 if rebuild_linear and cfg["ffn"] == "geglu" else 2) * n * f * act,
+      "ffn intermediates": FFN_KEPT[cfg["ffn"]] * n * f * act,
   }
 
 
 def outside_activation_bytes(cfg, vocab, act, f32=4, logits_chunk=0):
-  """{component: bytes} kept outside the blocks: embeddings, the output projection's input
-  (final_dense_1's output; the last norm's output is rebuilt), logits and softmax (float32)."""
-  n = cfg["length"]
+  """{component: bytes} kept outside the blocks; logits of `logits_chunk` positions (0: all)."""
+  n, e = cfg["length"], cfg["embedding"]
   rows = min(n, logits_chunk) if logits_chunk else n
-  final = n * cfg["embedding"] * act if cfg["hidden"] != cfg["embedding"] else 0
-  return {"embeddings": 2 * n * cfg["embedding"] * act, "final_dense_2 input": final,
+  final_1 = n * cfg["hidden"] * act if cfg["hidden"] != e else 0
+  return {"embeddings": 2 * n * e * act, "final_dense_2 input": n * e * act + final_1,
           "logits and softmax (float32)": 2 * rows * vocab * f32}
 
 
-def kept_bytes(layer):
-  """Bytes a block that is not re-run keeps: what its backward pass reads but REBUILT."""
-  return sum(v for k, v in layer.items() if k not in REBUILT)
-
-
-def block_checkpoints(cfg, layer, act, keep=""):
-  """Bytes a recomputed block keeps for the backward pass: its input, with keep="heads" its
-  heads' output, with keep="qkv" also its q, k, v."""
-  kept = layer["block input"] + (cfg["length"] * cfg["hidden"] * act if keep else 0)
-  if keep == "qkv":
-    kept += layer["q, k, v"]
-  return kept
-
-
-def replayed_bytes(cfg, layer, act, keep=""):
-  """Bytes of a block being re-run beyond its checkpoints: its FFN backward pass computes x W1
-  and x W2 one chunk of FFN_BACKWARD_ROWS rows at a time."""
-  chunk = min(1.0, FFN_BACKWARD_ROWS / cfg["length"])
-  ffn = layer["ffn intermediates"]
-  return (sum(layer.values()) - block_checkpoints(cfg, layer, act, keep) - ffn +
-          int(ffn * chunk))
-
-
 def step_total(params, optimizer, activations):
-  """Bytes of a training step: the variables, one gradient each, the optimizer's and k-means'
-  state and the kept activations."""
+  """Bytes of a training step: variables, their gradients, optimizer state, activations."""
   return 2 * params + optimizer + activations
 
 
 def step_memory(cfg, vocab, recompute=False, bf16=False, logits_chunk=0,
-                recompute_attention=False, keep="", rebuild_linear=False):
-  """Bytes per device of one training step of one sequence: {params, grads, optimizer
-  (adafactor + kmeans), block_activations, outside_activations, activations, checkpoints,
-  one_layer, total, parameters (count)}."""
-  if keep and not recompute_attention:
-    raise ValueError("keep=%r (recompute_keep_%s) takes effect only with recompute_attention"
-                     % (keep, keep))
+                recompute_attention=False):
+  """Bytes per device of a training step of one sequence: {params, grads, optimizer, adafactor,
+  kmeans, block_activations, outside_activations, activations, checkpoints, one_layer, total,
+  parameters (count)}. recompute (recompute_layers): each block keeps its input (checkpoints),
+  the block being re-run all it keeps without recompute (one_layer)."""
   act = 2 if bf16 else 4
   shapes = variable_shapes(cfg, vocab)
-  params = sum(_size(s) for _, s, trainable in shapes if trainable) * 4
+  params = sum(math.prod(s) for _, s, trainable in shapes if trainable) * 4
   slots = sum(adafactor_slot_elements(s) for _, s, trainable in shapes if trainable) * 4
-  kmeans = sum(_size(s) for _, s, trainable in shapes if not trainable) * 4
-  # rebuild_linear only where blocks are not re-run (a re-run block's FFN computes x W1 and
-  # x W2 in chunks anyway)
-  layers = [layer_activation_bytes(cfg, i, act, recompute_attention=recompute_attention,
-                                   rebuild_linear=rebuild_linear and not recompute)
+  kmeans = sum(math.prod(s) for _, s, trainable in shapes if not trainable) * 4
+  layers = [layer_activation_bytes(cfg, i, act, recompute_attention=recompute_attention)
             for i in range(cfg["layers"])]
   outside = sum(outside_activation_bytes(cfg, vocab, act, logits_chunk=logits_chunk).values())
-  checkpoints = sum(block_checkpoints(cfg, layer, act, keep) for layer in layers)
-  one_layer = max(replayed_bytes(cfg, layer, act, keep) for layer in layers)
-  blocks = checkpoints + one_layer if recompute else sum(kept_bytes(layer) for layer in layers)
+  checkpoints = sum(layer["block input"] for layer in layers)
+  one_layer = max(sum(layer.values()) - layer["block input"] for layer in layers)
+  blocks = checkpoints + one_layer if recompute else sum(sum(x.values()) for x in layers)
   activations = blocks + outside
   return dict(params=params, grads=params, optimizer=slots + kmeans, adafactor=slots,
               kmeans=kmeans, block_activations=blocks, outside_activations=outside,

@@ -1,10 +1,7 @@
-"""Cached incremental decoding for `routing_transformer`: sampling, greedy, beam search, prompts.
-
-Every step runs the decoder on the new position only: q/k/v, attention over fixed-size caches
-(static length N = max_target_length) and the FFN. A prompt (features["inputs"] of a decoder-only
-model, right-padded with 0 as `t2t-decoder --decode_from_file` feeds it) is fed through the same
-steps with its tokens forced, so prompt and continuation see exactly one routing rule (the
-decode-time rule of `attention.incremental`). Outputs are the continuations only.
+"""Cached decoding: sampling, greedy, beam search, prompts. Each step runs the decoder on the
+new position only, over caches of static length N = max_target_length. A prompt (right-padded
+with 0) runs through the same steps with its tokens forced, so prompt and continuation see one
+routing rule (`attention.incremental`'s). Outputs are the continuations only.
 """
 import collections
 import contextlib
@@ -19,7 +16,7 @@ tf1 = tf.compat.v1
 
 PAD_ID = 0
 EOS_ID = 1
-# Sentinels of the decode hparams added by t2t_glue: "not set, use the model hparams".
+# The decode hparams' "not set: use the model hparams" values.
 UNSET = {"sampling_method": "", "sampling_temp": -1.0, "sampling_keep_top_k": -2,
          "nucleus_sampling": -1.0}
 
@@ -29,11 +26,9 @@ class DecodeError(ValueError):
 
 
 def sampling_settings(hparams, decode_hparams=None):
-  """(temperature, top_k, top_p) from the model hparams, overridden by set decode hparams.
-
-  sampling_method "argmax" (T2T's default) is greedy (temperature 0); "random" samples with
-  sampling_temp, sampling_keep_top_k (-1 or 0: off) and nucleus_sampling (top-p, 1: off).
-  """
+  """(temperature, top_k, top_p) from the model hparams, overridden by set decode hparams:
+  sampling_method "argmax" is greedy (temperature 0), "random" samples with sampling_temp,
+  sampling_keep_top_k (-1 or 0: off) and nucleus_sampling (top-p, 1: off)."""
   values = {}
   for name, unset in UNSET.items():
     value = decode_hparams.get(name, unset) if decode_hparams is not None else unset
@@ -41,14 +36,10 @@ def sampling_settings(hparams, decode_hparams=None):
   method = values["sampling_method"] or "argmax"
   if method not in ("argmax", "random"):
     raise DecodeError("sampling_method=%r: use 'argmax' (greedy) or 'random'." % method)
-  top_p = values["nucleus_sampling"]
-  top_p = 1.0 if top_p in (UNSET["nucleus_sampling"], None) else top_p
-  top_k = values["sampling_keep_top_k"]
-  top_k = -1 if top_k == UNSET["sampling_keep_top_k"] else top_k
-  temperature = values["sampling_temp"]
-  temperature = 1.0 if temperature == UNSET["sampling_temp"] else temperature
-  if method == "argmax":
-    temperature = 0.0
+  given = lambda name, default: default if values[name] == UNSET[name] else values[name]
+  top_p = 1.0 if values["nucleus_sampling"] is None else given("nucleus_sampling", 1.0)
+  top_k = given("sampling_keep_top_k", -1)
+  temperature = 0.0 if method == "argmax" else given("sampling_temp", 1.0)
   try:
     sampling.check_sampling(temperature, top_k, top_p)
   except ValueError as e:
@@ -57,12 +48,8 @@ def sampling_settings(hparams, decode_hparams=None):
 
 
 def inherited_top_p_note(hparams, decode_hparams=None):
-  """One line when random sampling takes a top-p < 1 from the hparams set, else None.
-
-  Every set of this project inherits nucleus_sampling=0.9 from the original release's base
-  `sparse_transformer_local`, so `--decode_hparams=sampling_method=random` alone samples from the
-  top 90% of the probability mass, not from the whole distribution.
-  """
+  """A one-line note when random sampling takes a top-p < 1 from the hparams set (every set
+  inherits nucleus_sampling=0.9 from the original's `sparse_transformer_local`), else None."""
   temperature, _, top_p = sampling_settings(hparams, decode_hparams)
   set_here = (decode_hparams is not None and
               decode_hparams.get("nucleus_sampling", UNSET["nucleus_sampling"]) !=
@@ -91,11 +78,8 @@ def decode_length_of(hparams):
 
 
 def prompt_of(model, features):
-  """Prompt ids [b, P] (right-padded with 0), or None.
-
-  The prompt is features["partial_targets"] (T2T's name for a target prefix) if given, else
-  features["inputs"] of a decoder-only model (what `t2t-decoder --decode_from_file` feeds).
-  """
+  """Prompt ids [b, P] (right-padded with 0): features["partial_targets"], else the "inputs"
+  of a decoder-only model; or None."""
   prompt = features.get("partial_targets")
   if prompt is None and model.hparams.num_encoder_layers <= 0:
     prompt = features.get("inputs")
@@ -106,7 +90,7 @@ def prompt_of(model, features):
 
 
 def batch_size_of(features, prompt):
-  """The decoding batch size (dynamic int32 scalar)."""
+  """The batch size (int32 scalar)."""
   for tensor in (prompt, features.get("inputs"), features.get("targets"),
                  features.get("infer_targets")):
     if tensor is not None:
@@ -116,7 +100,7 @@ def batch_size_of(features, prompt):
 
 @contextlib.contextmanager
 def model_scope(model):
-  """Opens the model's variable scopes (`<name>/body`) with reuse, as model_fn does."""
+  """The model's variable scopes `<name>/body`, with reuse."""
   with tf1.variable_scope(model.name, reuse=tf1.AUTO_REUSE):
     with tf1.variable_scope("body"):
       yield
@@ -138,17 +122,9 @@ def encoder_memory(model, features):
 
 
 def decode_step(model, ids, position, caches, memory_kv=None, memory_padding=None):
-  """Logits of position t from the token at t - 1, reading and updating the caches.
-
-  Args:
-    model: the RoutingTransformer.
-    ids: int32 [b], the input token of position t (the previous target; 0 at t = 0).
-    position: int32 scalar t.
-    caches: list (one per decoder layer) of dicts from `layers.self_attention_cache`.
-    memory_kv, memory_padding: from `encoder_memory` (encoder-decoder models).
-  Returns:
-    (logits [b, vocab] float32, updated caches).
-  """
+  """(logits [b, vocab] float32 of position t, updated caches) from ids int32 [b], the token
+  at t - 1 (0 at t = 0); caches: per decoder layer, from `layers.self_attention_cache`;
+  memory_kv, memory_padding: from `encoder_memory`."""
   hparams = model.hparams
   updated = [dict(cache) for cache in caches]  # self_attention updates them in place
 
@@ -167,12 +143,12 @@ def decode_step(model, ids, position, caches, memory_kv=None, memory_padding=Non
 
 def without_padding(logits):
   """logits [b, vocab] with the padding id masked: generation never emits PAD (id 0)."""
-  is_pad = tf.equal(tf.range(tf.shape(logits)[-1]), PAD_ID)
-  return tf.where(is_pad[tf.newaxis, :], common.mask_value(logits.dtype), logits)
+  is_pad = tf.equal(tf.range(tf.shape(logits)[-1]), PAD_ID)[tf.newaxis, :]
+  return tf.where(is_pad, common.mask_value(logits.dtype), logits)
 
 
 def padded_prompt(prompt, batch, length):
-  """(prompt ids [b, N] padded with 0, prompt lengths [b]); fails if a prompt exceeds N."""
+  """(prompt ids [b, N] padded with 0, lengths [b]); fails if a prompt exceeds N."""
   if prompt is None:
     return tf.zeros([batch, length], tf.int32), tf.zeros([batch], tf.int32)
   prompt_length = tf.reduce_sum(tf.cast(tf.not_equal(prompt, 0), tf.int32), axis=1)
@@ -194,16 +170,15 @@ def continuation(tokens, prompt_length, decode_length):
   return tf.where(index < length, taken, tf.zeros_like(taken))
 
 
-class DecodeSetup(collections.namedtuple(
-    "DecodeSetup", "length batch prompt_ids prompt_length memory_kv memory_padding caches vocab")):
-  """What both decoders start from: cache length N, batch size, prompt ids [b, N] and lengths
-  [b], encoder memory (or None), empty per-layer caches, target vocabulary size."""
+# What both decoders start from: cache length N, batch size, prompt ids [b, N] and lengths [b],
+# encoder memory (or None), empty per-layer caches, target vocabulary size.
+DecodeSetup = collections.namedtuple(
+    "DecodeSetup", "length batch prompt_ids prompt_length memory_kv memory_padding caches vocab")
 
 
 def decode_setup(model, features):
   """Builds the DecodeSetup of `features` (prompt, encoder memory, empty caches)."""
-  hparams = model.hparams
-  length = decode_length_of(hparams)
+  hparams, length = model.hparams, decode_length_of(model.hparams)
   prompt = prompt_of(model, features)
   batch = batch_size_of(features, prompt)
   prompt_ids, prompt_length = padded_prompt(prompt, batch, length)
@@ -217,33 +192,18 @@ def decode_setup(model, features):
 
 def sample_loop(model, features, decode_length, temperature=0.0, top_k=-1, top_p=1.0,
                 return_logits=False, seed=None):
-  """Greedy or sampled decoding with caches in one tf.while_loop (static shapes).
-
-  Row b first consumes its prompt (forced tokens), then generates up to decode_length tokens,
-  stopping at EOS (the EOS is kept, later positions are 0) or at the cache length N.
-
-  Args:
-    model: RoutingTransformer (PREDICT mode).
-    features: dict; "inputs" [b, P(, 1, 1)] is the prompt of a decoder-only model (optional),
-      or the source of an encoder-decoder model.
-    decode_length: Python int, tokens to generate after each prompt.
-    temperature, top_k, top_p: see `sampling.sample` (temperature 0 = greedy).
-    return_logits: also return the logits of every position [b, N, vocab] (for tests).
-    seed: optional op seed of the sampler.
-  Returns:
-    dict: "outputs" int32 [b, decode_length] continuations, "tokens" [b, N] prompt +
-    continuation, "prompt_length" [b], ["logits" [b, N, vocab]].
-  """
-  setup = decode_setup(model, features)
-  length, batch = setup.length, setup.batch
-  prompt_ids, prompt_length = setup.prompt_ids, setup.prompt_length
+  """Greedy or sampled decoding in one tf.while_loop: each row consumes its prompt, then
+  generates up to `decode_length` tokens, stopping after EOS (later positions 0) or at N.
+  temperature, top_k, top_p, seed: `sampling.sample`'s. Returns {"outputs" int32 [b,
+  decode_length], "tokens" [b, N] (prompt + continuation), "prompt_length" [b], with
+  return_logits "logits" [b, N, vocab]}."""
+  length, batch, prompt_ids, prompt_length, memory_kv, memory_padding, caches, vocab = (
+      decode_setup(model, features))
   end = tf.minimum(prompt_length + decode_length, length)  # exclusive end of each row
-  logits_buffer = tf.zeros([batch, length if return_logits else 1,
-                            setup.vocab if return_logits else 1])
+  logits_buffer = tf.zeros([batch, length, vocab] if return_logits else [batch, 1, 1])
 
   def step(t, previous, tokens, caches, finished, logits_buffer):
-    logits, caches = decode_step(model, previous, t, caches, setup.memory_kv,
-                                 setup.memory_padding)
+    logits, caches = decode_step(model, previous, t, caches, memory_kv, memory_padding)
     drawn = sampling.sample(without_padding(logits), temperature, top_k, top_p, seed=seed)
     forced = t < prompt_length
     token = tf.where(forced, prompt_ids[:, t], drawn)
@@ -257,9 +217,9 @@ def sample_loop(model, features, decode_length, temperature=0.0, top_k=-1, top_p
       logits_buffer = tf.tensor_scatter_nd_update(logits_buffer, at_t, logits)
     return t + 1, token, tokens, caches, finished, logits_buffer
 
-  # Step 0 outside the loop creates (or reuses) every variable outside control flow.
+  # step 0 outside the loop creates the variables outside control flow
   state = step(tf.constant(0), tf.zeros([batch], tf.int32), tf.zeros([batch, length], tf.int32),
-               setup.caches, end <= 0, logits_buffer)
+               caches, end <= 0, logits_buffer)
   state = tf.while_loop(
       lambda t, previous, tokens, caches, finished, buf: tf.logical_and(
           t < length, tf.logical_not(tf.reduce_all(finished))),
@@ -275,32 +235,22 @@ def sample_loop(model, features, decode_length, temperature=0.0, top_k=-1, top_p
 
 def beam_decode(model, features, decode_length, beam_size, top_beams=1, alpha=0.0,
                 beam_search=None):
-  """Beam search over the cached decoder; prompts are forced tokens.
-
-  `beam_search` is the search: a function with the signature and results of Tensor2Tensor's
-  `beam_search.beam_search` (the T2T model passes that one; the core does not import T2T).
-
-  Each row's hypotheses end with a forced EOS right after its decode_length tokens, so they are
-  ranked at that length whatever the other rows' prompts (T2T's search otherwise runs every row
-  to the longest prompt's end and prefers any finished hypothesis to a longer live one). A row
-  whose prompt + decode_length reaches the model's length keeps T2T's ranking.
-
-  Returns:
-    dict: "outputs" [b, decode_length] (top_beams == 1) or [b, top_beams, decode_length],
-    "scores" [b] or [b, top_beams].
-  """
+  """Beam search over the cached decoder, prompts forced; `beam_search` has the signature and
+  results of Tensor2Tensor's `beam_search.beam_search`. Each row's hypotheses end with a forced
+  EOS after its decode_length tokens, so rows are ranked at their own length whatever the other
+  rows' prompts (unless prompt + decode_length reaches N). Returns {"outputs" [b, decode_length]
+  or [b, top_beams, decode_length], "scores" [b] or [b, top_beams]}."""
   setup = decode_setup(model, features)
   length, batch, prompt_ids, prompt_length, memory_kv, memory_padding, caches, vocab = setup
   steps = tf.minimum(tf.reduce_max(prompt_length) + decode_length + 1, length)
   states = {"caches": caches, "prompt_ids": prompt_ids, "prompt_length": prompt_length}
   if memory_kv is not None:
-    states["memory"] = memory_kv
-    states["memory_padding"] = memory_padding
-  # Create the variables outside the beam-search loop.
+    states.update(memory=memory_kv, memory_padding=memory_padding)
+  # the variables, outside the beam-search loop
   decode_step(model, tf.zeros([batch], tf.int32), tf.constant(0), states["caches"], memory_kv,
               memory_padding)
 
-  # beam_search's loop relaxes every inner dimension; the attention needs the static ones back.
+  # beam_search relaxes every inner dimension; the attention needs the static ones
   shapes = tf.nest.map_structure(lambda t: tf.TensorShape([None]).concatenate(t.shape[1:]),
                                  states)
 
@@ -313,9 +263,7 @@ def beam_decode(model, features, decode_length, beam_size, top_beams=1, alpha=0.
     one_hot = tf.one_hot(prompt_token, vocab, on_value=0.0, off_value=-1e9)
     logits = tf.where(forced[:, tf.newaxis], one_hot,
                       tf.nn.log_softmax(without_padding(logits)))
-    # At the row's end its beams take EOS, after it PAD: T2T renormalises these logits and keeps
-    # a finished beam's log-probability in its live set, so a later EOS would finish the beam
-    # again under a larger length penalty.
+    # EOS at the row's end, PAD after it (a later EOS would finish the beam again)
     end = states["prompt_length"] + decode_length  # [b * beam]
     after_end = tf.one_hot(tf.where(tf.equal(i, end), EOS_ID, PAD_ID), vocab, on_value=0.0,
                            off_value=-1e9)
@@ -339,13 +287,11 @@ def beam_decode(model, features, decode_length, beam_size, top_beams=1, alpha=0.
 
 
 def infer(model, features, decode_length, beam_size=1, top_beams=1, alpha=0.0, beam_search=None):
-  """T2TModel.infer for routing_transformer: sampling/greedy (beam_size 1) or beam search with
-  `beam_search` (see `beam_decode`)."""
+  """T2TModel.infer: sampling / greedy (beam_size 1) or `beam_decode`."""
   decode_hparams = getattr(model, "_decode_hparams", None)
   check_cached_decoding(model.hparams)
   if "inputs" not in features and "targets" not in features:
-    # Unconditional samples from t2t-decoder's dataset path (it keeps only "infer_targets");
-    # T2T's predict spec shows features["targets"] as the input: give it an empty prefix.
+    # unconditional samples (t2t-decoder keeps only "infer_targets"): an empty prefix
     features["targets"] = tf.zeros([batch_size_of(features, None), 0, 1, 1], tf.int32)
   if beam_size > 1:
     return beam_decode(model, features, decode_length, beam_size, top_beams, alpha, beam_search)

@@ -1,17 +1,12 @@
 """Numerical health of training: stop at the first non-finite loss, gradient or centroid.
 
-The check decides on the device, with no host op in the training step (it compiles with XLA):
-`guarded_update(...)` computes one int `status` from the loss, every gradient and every routing
-centroid (0: all finite, else the first non-finite one in that order), stores it with the global
-step in a local status variable, and applies the update only when the status is 0 (`tf.cond`
-between the update and a no-op). The status is sticky: after a non-finite step no later step of
-the session applies anything. After the step, on the host, `NonFiniteHook` reads the status and
-stops training with `NonFiniteTraining: step N: non-finite <loss | gradients (first: <variable>)
-| centroids (first: <variable>)>` (the name comes from the index, host-side): the variables are
-not updated by that step, the Estimator stops without writing a checkpoint, and the T2T binaries
-print that line (`t2t.glue`) instead of a traceback, so the last checkpoint on disk is the last
-healthy one. hparams `nan_guard` (default True) switches it; the T2T model applies it through
-T2T's optimizer (`routing_transformer.t2t.patches`).
+Decided on the device (no host op: the step compiles with XLA): `guarded_update` computes one
+int status (0: all finite, else 1 + the index of the first non-finite value among the loss, the
+gradients and the routing centroids), keeps it with the global step in a local variable (sticky:
+after a failure no later step applies anything) and applies the update only at 0. On the host,
+`NonFiniteHook` then stops training with `NonFiniteTraining: step N: non-finite <loss |
+gradients (first: <variable>) | centroids (first: <variable>)>`, before a checkpoint of the bad
+step is written. hparams `nan_guard` (default True) switches it.
 """
 import collections
 
@@ -22,14 +17,12 @@ COLLECTION = "routing_transformer_nonfinite_guard"  # the GuardRecords of a grap
 
 
 class NonFiniteTraining(RuntimeError):
-  """A training step met a non-finite loss, gradient or centroid and applied nothing (the T2T
-  binaries print it as one line with the fix: `t2t.glue.non_finite_message`)."""
+  """A training step met a non-finite loss, gradient or centroid and applied nothing."""
 
 
 GuardRecord = collections.namedtuple("GuardRecord", "status names num_gradients")
-GuardRecord.__doc__ = """One guarded update: `status` the local int64 variable [2] (status,
-global step), `names` the checked tensors' names (index status - 1: "loss", the gradients'
-variables, then the centroids), `num_gradients` how many of them are gradients."""
+GuardRecord.__doc__ = """One guarded update: `status` int64 variable [2] (status, global step),
+`names` of the checked tensors ("loss", the gradients' variables, the centroids)."""
 
 
 def all_finite(tensor):
@@ -39,31 +32,24 @@ def all_finite(tensor):
 
 
 def status(loss, gradients, centroids):
-  """int32 scalar: 0 when the loss, the gradients and the centroids are all finite, else
-  1 + the index of the first non-finite one in [loss] + gradients + centroids."""
+  """int32 scalar: 0 when all are finite, else 1 + the index of the first non-finite one in
+  [loss] + gradients + centroids."""
   flags = tf.stack([all_finite(t) for t in [loss] + list(gradients) + list(centroids)])
   bad = tf.logical_not(flags)
-  first = tf.cast(tf.argmax(tf.cast(bad, tf.int32)), tf.int32)
-  return tf.where(tf.reduce_any(bad), first + 1, 0)
+  return tf.where(tf.reduce_any(bad), tf.cast(tf.argmax(tf.cast(bad, tf.int32)), tf.int32) + 1, 0)
 
 
 def message(code, step, names, num_gradients):
   """The one-line MARKER message of a non-zero status `code` at global step `step`."""
   index = int(code) - 1
-  if index == 0:
-    family = "loss"
-  elif index <= num_gradients:
-    family = "gradients (first: %s)" % names[index]
-  else:
-    family = "centroids (first: %s)" % names[index]
+  family = "loss" if index == 0 else "%s (first: %s)" % (
+      "gradients" if index <= num_gradients else "centroids", names[index])
   return "%s: step %d: non-finite %s" % (MARKER, int(step), family)
 
 
 def guarded_update(update, loss, grads_and_vars, centroids, step):
-  """Applies `update()` (a function building the update op) only when the loss, the gradients
-  of grads_and_vars and the centroids are finite, decided on the device; returns the op.
-
-  Registers a GuardRecord in the graph's COLLECTION for `NonFiniteHook` / `failure`."""
+  """The op applying `update()` (which builds the update op) only when the loss, the gradients
+  and the centroids are finite; registers a GuardRecord in the graph's COLLECTION."""
   pairs = [(g, v) for g, v in grads_and_vars if g is not None]
   names = ["loss"] + [v.op.name for _, v in pairs] + [c.op.name for c in centroids]
   centroids = [c.read_value() if hasattr(c, "read_value") else c for c in centroids]
@@ -87,8 +73,8 @@ def guarded_update(update, loss, grads_and_vars, centroids, step):
 
 
 def failure(session, graph=None):
-  """The MARKER message of the first guard of `graph` (default: the session's) whose status
-  shows a non-finite step, or None; reads the status variables (one small session run)."""
+  """The MARKER message of the first guard of `graph` (default: the session's) that met a
+  non-finite step, or None."""
   records = (graph or session.graph).get_collection(COLLECTION)
   if not records:
     return None
@@ -100,8 +86,7 @@ def failure(session, graph=None):
 
 
 class NonFiniteHook(tf.train.SessionRunHook):
-  """After every step, stops training with NonFiniteTraining when a guarded update of the graph
-  met a non-finite value (`failure`); does nothing in a graph without one."""
+  """Raises NonFiniteTraining after a step whose guarded update met a non-finite value."""
 
   def begin(self):
     self.records = tf.get_collection(COLLECTION)
@@ -118,9 +103,7 @@ def one_line(error):
   """The MARKER message of an error raised for a non-finite step, or None."""
   text = str(getattr(error, "message", error))
   start = text.find(MARKER)
-  if start < 0:
-    return None
-  return text[start:].split("]")[0].split("\n")[0].strip()
+  return None if start < 0 else text[start:].split("]")[0].split("\n")[0].strip()
 
 
 def dead_clusters(ema_count, fraction=None):
@@ -134,8 +117,7 @@ def dead_clusters(ema_count, fraction=None):
 
 
 class DeadClusterHook(tf.train.SessionRunHook):
-  """Every `every_n_steps` training steps, logs a warning naming the routing centroids whose
-  EMA occupancy (an average over ~1 / (1 - decay) steps) is ~0: dead clusters."""
+  """Every `every_n_steps` steps, warns of routing centroids whose EMA occupancy is ~0."""
 
   def __init__(self, every_n_steps=1000):
     self.every_n_steps = every_n_steps

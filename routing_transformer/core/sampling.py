@@ -1,8 +1,5 @@
-"""Token sampling for decoding: temperature, top-k (exactly k per row), nucleus (top-p), greedy.
-
-Pure functions on logits [batch, vocab]; static shapes (XLA/TPU). Filters return logits with
-excluded entries set to a large negative value, so they compose (top-k, then top-p).
-"""
+"""Token sampling on logits [b, v]: temperature, top-k (exactly k per row), nucleus (top-p),
+greedy. The filters mask excluded logits with a large negative value, so they compose."""
 import tensorflow as tf
 
 from routing_transformer.core.attention import common
@@ -19,31 +16,16 @@ def check_sampling(temperature=1.0, top_k=-1, top_p=1.0):
 
 
 def top_k_filter(logits, k):
-  """Keeps exactly the k largest logits of every row (ties broken by index), masks the rest.
-
-  Args:
-    logits: [b, v].
-    k: int, 0 < k <= v.
-  Returns:
-    [b, v] logits, the others set to a large negative value.
-  """
+  """logits [b, v] with all but exactly the k largest of each row masked (ties by index)."""
   _, indices = tf.math.top_k(logits, k=k)  # [b, k], distinct per row
   keep = tf.reduce_sum(tf.one_hot(indices, tf.shape(logits)[-1], dtype=tf.int32), axis=1) > 0
   return tf.where(keep, logits, common.mask_value(logits.dtype))
 
 
 def nucleus_filter(logits, p):
-  """Keeps, per row, the smallest set of most likely tokens whose probability reaches p.
-
-  The most likely token is always kept; a token is kept when the probability mass of the tokens
-  strictly more likely than it (in sorted order) is below p.
-
-  Args:
-    logits: [b, v].
-    p: float in (0, 1].
-  Returns:
-    [b, v] logits, the others set to a large negative value.
-  """
+  """logits [b, v] with all but each row's smallest set of most likely tokens whose probability
+  reaches p in (0, 1] masked: a token stays when the mass of the tokens before it in sorted
+  order is below p (the most likely always)."""
   logits = tf.convert_to_tensor(logits)
   if p >= 1.0:  # everything (float32 cumulative sums can reach 1 before the last token)
     return logits
@@ -51,23 +33,14 @@ def nucleus_filter(logits, p):
   probs = tf.nn.softmax(sorted_logits)
   mass_before = tf.cumsum(probs, axis=-1, exclusive=True)
   keep_sorted = mass_before < p
-  # Undo the sort: scatter the keep flags back to vocabulary order.
+  # the keep flags back in vocabulary order
   keep = tf.gather(keep_sorted, tf.argsort(order, axis=-1), batch_dims=1)
   return tf.where(keep, logits, common.mask_value(logits.dtype))
 
 
 def sample(logits, temperature=1.0, top_k=-1, top_p=1.0, seed=None):
-  """Draws one token per row.
-
-  Args:
-    logits: [b, v] float.
-    temperature: 0 for greedy (argmax); otherwise logits are divided by it.
-    top_k: keep exactly k tokens per row before sampling; 0 or -1 = off (T2T's default -1).
-    top_p: nucleus mass in (0, 1]; 1 = off.
-    seed: optional op seed.
-  Returns:
-    int32 [b].
-  """
+  """One token per row, int32 [b], from logits [b, v]: greedy at temperature 0, else from
+  logits / temperature filtered by top_k (0 or -1: off) and then top_p (1: off)."""
   check_sampling(temperature, top_k, top_p)
   logits = tf.convert_to_tensor(logits)
   if temperature == 0:

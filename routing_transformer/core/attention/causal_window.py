@@ -1,27 +1,13 @@
-"""Strictly causal routing (`routing_mode="causal_window"`: this port's extension beyond the paper).
+"""Strictly causal routing (`routing_mode="causal_window"`, an extension beyond the paper).
 
-Every position i is assigned to its best centroid a_i (argmax of mu . q_hat_i) and attends to the
-(at most) `window` = w most recent positions j <= i of the same cluster, itself included. Which
-keys a query sees depends only on positions <= i, so the layer is strictly causal and cached
-decoding is exact (a per-cluster cache of the last w keys/values).
-
-Static shapes: positions are sorted by (cluster, position); in that order each cluster is a
-contiguous run in sequence order, so query s (sorted index) attends to sorted indices
-(s - w, s] of its cluster. That is blocked attention with block w and one block of look-back
-(2w keys per query), masked to "same cluster, sorted distance < w", followed by un-sorting.
-Cost O(n w d).
-
-Exactness: a query's slot inside its block depends on how many positions, later ones included,
-sit in lower clusters, so every slot must give a query's output bit for bit the same. A query's
-window is w consecutive slots of its row, every other entry an exact zero; the weights x values
-matmul adds the row in key order whatever the slot, but a vectorised softmax reduction does
-not (earlier outputs moved by up to ~1e-6 at w >= 32 on AVX2), so the softmax's denominator is a
-sequential sum (`common.ordered_softmax`). The scoring keeps 2w keys per query: blocks of w / 2
-scoring 1.5w keys are not exact even with that softmax (earlier outputs moved by up to ~1e-6 at
-w = 8, 16, 64 and 10 on AVX2; exact only at w = 6 and 32), so some other row sum of that layout
-depends on the slot.
-Logits are unscaled q_hat . k_hat (as in paper routing); relative positions use the distance in
-the cluster's order (the rank distance of paper routing).
+Position i joins its best centroid a_i (argmax mu . q_hat_i) and attends to the <= w most recent
+positions j <= i of that cluster, itself included: strictly causal, so cached decoding is exact.
+Positions are sorted by (cluster, position); query s then attends to sorted indices (s - w, s]
+of its cluster: blocks of w with one block of look-back (2w keys), masked to the same cluster,
+then un-sorted. Cost O(n w d). A query's slot in its block depends on later positions, so its
+output must not depend on the slot: the softmax sums in key order (`common.ordered_softmax`;
+a vectorised sum moved earlier outputs by ~1e-6) over 2w keys (blocks of w / 2 are not exact).
+Logits are unscaled q_hat . k_hat; relative positions use the distance in the cluster's order.
 """
 import tensorflow as tf
 
@@ -31,13 +17,8 @@ from routing_transformer.core.attention import routing
 
 
 def sort_by_cluster(clusters):
-  """Permutation sorting positions by (cluster, position).
-
-  Args:
-    clusters: int32 [b, h, n] assignments.
-  Returns:
-    int32 [b, h, n]: order[s] = the position at sorted index s.
-  """
+  """int32 [b, h, n] assignments -> [b, h, n] order sorting positions by (cluster, position):
+  order[s] = the position at sorted index s."""
   n = clusters.shape[-1]
   keys = clusters * n + tf.range(n)  # distinct, so the sort is exact
   return tf.argsort(keys, axis=-1, stable=True)
@@ -51,34 +32,21 @@ def look_back_blocks(x, window, fill=0):
   blocks = tf.reshape(x, [-1, shape[1], num_blocks, window] + shape[3:])
   padded = tf.pad(blocks, [[0, 0], [0, 0], [1, 0]] + [[0, 0]] * (len(shape) - 2),
                   constant_values=fill)
-  # tf.slice (gradient: one Pad), not a strided slice (StridedSliceGrad).
   return tf.concat([common.slice_axis(padded, 2, 0, num_blocks), blocks], axis=3)
 
 
 def causal_window_attention(q, k, v, centroids, window, share_qk=True, padding=None,
                             relative_keys=None, relative_values=None, exclude_self=False,
                             logit_scale=None, dropout_rate=0.0, padding_as_original=False):
-  """Strictly causal routing attention.
+  """Strictly causal routing attention: q, k, v [b, h, n, d] (k unused with share_qk),
+  centroids [h, c, d], w = `window` -> (output [b, h, n, d] of v's dtype, aux).
 
-  Args:
-    q, k, v: [b, h, n, d] routing-head queries, keys (ignored with share_qk), values.
-    centroids: [h, c, d].
-    window: w, the most recent same-cluster positions each query attends to (itself included).
-    share_qk: keys are the normalised queries.
-    padding: optional [b, n] bool/int, True at padding (masked as keys; excluded from the
-      commitment loss and the k-means statistics).
-    relative_keys, relative_values: optional [2R + 1, d] tables, indexed by the distance in the
-      cluster's order (0 for the query itself, -1 for the previous member, ...).
-    exclude_self, logit_scale: extensions, as in `routing_attention`.
-    dropout_rate: attention dropout on the weights (hparam `attention_dropout` in TRAIN mode).
-    padding_as_original: padding takes part in the k-means statistics and the commitment loss
-      and is not masked as a key, as the original release treats it (`routing.padding_roles`).
-  As in `routing_attention`, bfloat16 inputs are routed and attended in float32 and the output
-  is cast back to v's dtype.
-  Returns:
-    (output [b, h, n, d] of v's dtype, aux) with aux keys as `routing_attention`
-    ("query_clusters", "commitment_loss", "q_hat", "k_hat", "weights"; "key_clusters" without
-    share_qk).
+  padding: optional [b, n], True at padding (masked as keys, out of the k-means statistics and
+  the commitment loss; with `padding_as_original` as the original release, `routing.padding_roles`).
+  relative_keys / relative_values: [2R + 1, d] tables by distance in the cluster's order (0: the
+  query itself). exclude_self, logit_scale, dropout_rate, the float32 routing of bfloat16 inputs
+  and aux ("query_clusters", "commitment_loss", "q_hat", "k_hat", "weights", "key_clusters"
+  without share_qk, "member_count", "self_weight") as `routing.routing_attention`.
   """
   q_hat, k_hat, v, mu, pad, relative_keys, relative_values = routing.normalised_inputs(
       q, k, v, centroids, window, share_qk, padding, relative_keys, relative_values,
@@ -138,8 +106,7 @@ def causal_window_attention(q, k, v, centroids, window, share_qk=True, padding=N
     out += common.relative_outputs(dropped, relative_values, window, 0, causal=True)
   out = common.slice_axis(tf.reshape(out, [-1, heads, padded_n, v.shape[-1]]), 2, 0, n)
   unsort = tf.argsort(order, axis=-1)
-  # Diagnostics (as routing_attention's): every query is in its cluster; its weight on itself,
-  # the diagonal of the [w, 2w] weights that starts at key slot w.
+  # diagnostics: every query is in its cluster; its weight on itself (key slot w + its own)
   self_probs = tf.linalg.diag_part(probs, k=window)  # [b, h, nb, w]
   self_probs = tf.reshape(self_probs, [-1, heads, padded_n])[:, :, :n]
   aux["member_count"] = tf.ones_like(self_probs)

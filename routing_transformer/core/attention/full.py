@@ -5,20 +5,10 @@ from routing_transformer.core.attention import common
 
 
 def full_attention(q, k, v, causal=True, padding=None, scale=None, dropout_rate=0.0):
-  """Dense scaled dot-product attention.
-
-  Args:
-    q: [b, h, n, d] queries.
-    k: [b, h, m, d] keys (m = n when causal).
-    v: [b, h, m, d_v] values.
-    causal: query i attends to keys j <= i.
-    padding: optional [b, m] bool/int, True or nonzero marks padding keys (masked out).
-    scale: logit scale; default d ** -0.5.
-    dropout_rate: attention dropout on the weights (`common.attention_dropout`); 0 in
-      evaluation and decoding.
-  Returns:
-    [b, h, n, d_v]; a query with no allowed key gets 0.
-  """
+  """Dense scaled dot-product attention: q [b, h, n, d], k [b, h, m, d], v [b, h, m, d_v] ->
+  [b, h, n, d_v]. causal: query i attends to keys j <= i (m = n); padding: optional [b, m],
+  nonzero at padding keys; scale: default d ** -0.5; dropout_rate: on the weights. A query with
+  no allowed key gets 0."""
   q, k, v = (tf.convert_to_tensor(x) for x in (q, k, v))
   _, _, n, depth = common.check_qkv(q, k, v, "full_attention")
   m = k.shape[2]
@@ -42,10 +32,9 @@ def full_attention(q, k, v, causal=True, padding=None, scale=None, dropout_rate=
 
 
 def causal_block_length(length, *tables):
-  """The query block of `causal_full_attention` over `length` positions with the relative
-  `tables` ([2R + 1, d] or None; R = 0 without any): the smallest divisor of length that is
-  >= R and >= length / 8 (at most 1/16 of the causal triangle is computed and masked); the
-  whole length when R >= length."""
+  """The query block of `causal_full_attention`: the smallest divisor of `length` >= R (the
+  relative `tables`' radius, [2R + 1, d] or None) and >= length / 8, so at most 1/16 of the
+  causal triangle is computed and masked; the whole length when R >= length."""
   radius = max([(t.shape[0] - 1) // 2 for t in tables if t is not None] or [0])
   least = min(max(radius, -(-length // 8), 1), length)
   return next(b for b in range(least, length + 1) if length % b == 0)
@@ -53,26 +42,14 @@ def causal_block_length(length, *tables):
 
 def causal_full_attention(q, k, v, relative_keys=None, relative_values=None, padding=None,
                           scale=None, dropout_rate=0.0):
-  """Dense causal self-attention with optional Shaw relative positions, in query blocks that
-  skip the keys after the block (about half the dense work).
+  """Dense causal self-attention, q, k, v [b, h, n, d] -> [b, h, n, d], in query blocks that
+  skip the keys after the block: `local.local_attention` with one block of the whole length.
 
-  The same function as `local.local_attention` with one block of the whole length, to rounding:
-  query block t (length B, `causal_block_length`) scores the keys of blocks 0..t-2 (the far
-  keys, all at distance <= -B <= -R, where the relative table is clipped to its first row r_0)
-  and blocks t-1..t (the band: distances -(2B - 1)..0). The far keys' relative term q . r_0 is
-  the same for every far key of a query; subtracting r_0 from the table for the whole row
-  leaves the softmax unchanged, so the far keys need no relative term, and the values' relative
-  term is r_0 * (sum of the weights) + the band's, from the shifted table. No [n, n] relative
-  tensor and no skew of the whole length.
-
-  Args:
-    q, k, v: [b, h, n, d].
-    relative_keys, relative_values: optional [2R + 1, d] tables (distance clip(j - i, -R, R)).
-    padding: optional [b, n] bool/int, True or nonzero marks padding keys.
-    scale: logit scale (applied to q, so to relative logits too); default d ** -0.5.
-    dropout_rate: attention dropout on the weights (`common.attention_dropout`).
-  Returns:
-    [b, h, n, d_v]; a query with no allowed key gets 0.
+  Query block t (length B, `causal_block_length`) scores blocks 0..t-2 (far keys, at distance
+  <= -B <= -R, where the relative table is clipped to its row r_0) and t-1..t (the band).
+  Subtracting r_0 from the table leaves the softmax unchanged, so far keys need no relative
+  term, and the values' is r_0 * (sum of the weights) + the band's from the shifted table.
+  Arguments as `local.local_attention`; a query with no allowed key gets 0.
   """
   name = "causal_full_attention"
   q, k, v, relative_keys, relative_values, heads, n, depth = common.self_attention_inputs(
@@ -93,7 +70,7 @@ def causal_full_attention(q, k, v, relative_keys=None, relative_values=None, pad
     logits = [tf.einsum("bhqd,bhkd->bhqk", q_t, k_band)]
     if band_keys is not None:
       logits[0] += common.relative_logits(q_t, band_keys, t * block, start, width, causal=True)
-    # [B, width]: the band's causal triangle (the keys of block t after their query masked)
+    # [B, width]: the band's causal triangle
     allowed = [tf.range(width)[tf.newaxis, :] <= tf.range(block)[:, tf.newaxis] + t * block - start]
     if start:  # far keys 0..start-1, all allowed
       k_far, v_far = (common.slice_axis(x, 2, 0, start) for x in (k, v))
@@ -102,7 +79,6 @@ def causal_full_attention(q, k, v, relative_keys=None, relative_values=None, pad
     allowed = tf.concat(allowed, axis=1)[tf.newaxis, tf.newaxis]
     if keep is not None:
       allowed = tf.logical_and(allowed, common.slice_axis(keep, 3, 0, start + width))
-    # A query whose allowed keys are all padding gets 0.
     probs = common.attention_dropout(
         common.masked_softmax(tf.concat(logits, axis=-1), allowed, zero_empty=pad is not None),
         dropout_rate)

@@ -1,15 +1,9 @@
-"""One-position attention over fixed-size caches, for incremental (cached) decoding.
+"""One-position attention over fixed-size caches (static length N) for cached decoding: at step
+t the new query attends to cached positions 0..t. b batch, h heads, d depth, c clusters, w window.
 
-At decode step t the new query attends to cached keys/values of positions 0..t (the caches have a
-static length N; slots after t are ignored). Shapes: b = batch, h = heads, N = cache length,
-d = depth, c = clusters, w = window.
-
-Decode-time routing rule (the cached decoder's, causal as generation needs): at step t, cluster
-membership is the top-w of the centroid scores over the prefix 0..t only (positions after t do
-not compete). The query at t gets the average of its in-cluster attention over the clusters whose
-top-w contains t (0 if none).
-The tests check the cached decoder against the same rule computed for every position of a full
-sequence (`prefix_routing_attention` in tests/oracles.py).
+Decode-time routing rule (causal, as generation needs): at step t a cluster's members are the
+top-w of the centroid scores over the prefix 0..t; the query at t gets the average of its
+in-cluster attention over the clusters whose top-w contains t (0 if none).
 """
 import tensorflow as tf
 
@@ -19,16 +13,8 @@ from routing_transformer.core.attention import routing
 
 
 def write_cache(cache, value, position, axis=2):
-  """Returns `cache` with the slice at `position` along `axis` replaced by `value`.
-
-  Args:
-    cache: [..., N, ...] with N at `axis` (e.g. keys [b, h, N, d], scores [b, h, c, N]).
-    value: the cache's shape with 1 at `axis`.
-    position: int32 scalar.
-    axis: the position axis (static).
-  Returns:
-    the updated cache (a scatter of only the new slice, no full-cache transposes).
-  """
+  """`cache` [..., N, ...] (N at the static `axis`) with its slice at `position` replaced by
+  `value` (the cache's shape with 1 at `axis`): a scatter of the new slice only."""
   axis = axis % cache.shape.rank
   lead = tf.shape(cache)[:axis]
   grid = tf.meshgrid(*[tf.range(lead[i]) for i in range(axis)], indexing="ij")
@@ -40,47 +26,21 @@ def write_cache(cache, value, position, axis=2):
 
 def local_attention_step(q, k_cache, v_cache, position, block_length, flange, causal=True,
                          relative_keys=None, relative_values=None, padding=None, scale=None):
-  """The query at `position` attends to its local window (as `local_attention` would).
-
-  Args:
-    q: [b, h, 1, d] query of the new position.
-    k_cache, v_cache: [b, h, N, d] keys/values (self-attention: written up to `position`).
-    position: int32 scalar t, the query's position.
-    block_length, flange: the layout of `local_attention` (query_shape, memory_flange).
-    causal: keys after t are excluded and there is no look-ahead.
-    relative_keys, relative_values: optional [2R + 1, d] Shaw tables.
-    padding: optional bool [b, N], True at padding keys.
-    scale: logit scale applied to q; default d ** -0.5.
-  Returns:
-    [b, h, 1, d].
-  """
-  length = k_cache.shape[2]
-  depth = q.shape[-1]
-  scale = depth ** -0.5 if scale is None else scale
-  after = 0 if causal else flange
+  """`local.local_attention` of the query q [b, h, 1, d] at `position` t over k_cache, v_cache
+  [b, h, N, d] (written up to t) -> [b, h, 1, d]; padding: optional bool [b, N]."""
+  length, scale = k_cache.shape[2], q.shape[-1] ** -0.5 if scale is None else scale
   start = (position // block_length) * block_length - flange
-  keys = start + tf.range(flange + block_length + after)  # [W] key positions
+  keys = start + tf.range(flange + block_length + (0 if causal else flange))  # [W] positions
   allowed = tf.logical_and(keys >= 0, keys < length)
   if causal:
     allowed = tf.logical_and(allowed, keys <= position)
   safe = tf.clip_by_value(keys, 0, length - 1)
-  k = tf.gather(k_cache, safe, axis=2)  # [b, h, W, d]
-  v = tf.gather(v_cache, safe, axis=2)
-  q = q * scale
-  logits = tf.matmul(q, k, transpose_b=True)  # [b, h, 1, W]
-  query = tf.reshape(position, [1])
-  if relative_keys is not None:
-    rel_k = common.relative_embeddings(relative_keys, query, keys)[0]  # [W, d]
-    logits += tf.einsum("bhqd,kd->bhqk", q, tf.cast(rel_k, logits.dtype))
   allowed = allowed[tf.newaxis, tf.newaxis, tf.newaxis, :]
   if padding is not None:
     pad = tf.gather(padding, safe, axis=1)  # [b, W]
     allowed = tf.logical_and(allowed, tf.logical_not(pad)[:, tf.newaxis, tf.newaxis, :])
-  probs = common.masked_softmax(logits, allowed)
-  out = tf.matmul(probs, v)
-  if relative_values is not None:
-    rel_v = common.relative_embeddings(relative_values, query, keys)[0]
-    out += tf.einsum("bhqk,kd->bhqd", probs, tf.cast(rel_v, probs.dtype))
+  out = _attend(q * scale, tf.gather(k_cache, safe, axis=2), tf.gather(v_cache, safe, axis=2),
+                position, keys, allowed, relative_keys, relative_values)
   if padding is not None:
     out = common.zero_empty_rows(out, allowed)
   return out
@@ -89,20 +49,10 @@ def local_attention_step(q, k_cache, v_cache, position, block_length, flange, ca
 def routing_attention_step(q_hat, k_hat_cache, v_cache, score_cache, position, window,
                            relative_keys=None, relative_values=None, exclude_self=False,
                            logit_scale=None):
-  """Causal routing attention of the query at `position` under the decode-time rule.
-
-  Args:
-    q_hat: [b, h, 1, d] normalised query (LayerNorm without scale) of the new position.
-    k_hat_cache: [b, h, N, d] normalised keys (q_hat itself with share_qk), written up to t.
-    v_cache: [b, h, N, d] values, written up to t.
-    score_cache: [b, h, c, N] membership scores mu_c . q_hat_j, written up to t.
-    position: int32 scalar t.
-    window: w members per cluster (w <= N).
-    relative_keys, relative_values: optional [2R + 1, d] tables (rank distance in the cluster).
-    exclude_self, logit_scale: extensions, as in `routing.routing_attention`.
-  Returns:
-    [b, h, 1, d].
-  """
+  """Routing attention of the normalised query q_hat [b, h, 1, d] at `position` t under the
+  decode-time rule -> [b, h, 1, d]. Caches written up to t: k_hat_cache, v_cache [b, h, N, d],
+  score_cache [b, h, c, N] (mu_c . q_hat_j). Relative tables by rank distance in the cluster;
+  exclude_self, logit_scale as `routing.routing_attention`."""
   length = score_cache.shape[-1]
   future = tf.range(length) > position  # [N]
   members = routing.top_window(score_cache, window,
@@ -133,54 +83,43 @@ def routing_attention_step(q_hat, k_hat_cache, v_cache, score_cache, position, w
 
 
 def _rank_embeddings(table, distance):
-  """Relative embeddings for integer rank distances of any shape: [...] -> [..., d]."""
+  """Rows of `table` [2R + 1, d] for int rank distances [...] -> [..., d] (clipped to R)."""
   radius = (table.shape[0] - 1) // 2
   return tf.gather(table, tf.clip_by_value(distance, -radius, radius) + radius)
 
 
 def local_ring_step(q, k_ring, v_ring, ring_positions, position, block_length, flange,
                     relative_keys=None, relative_values=None, scale=None):
-  """Causal local attention of the query at `position` over a ring buffer of recent keys.
-
-  The ring has R >= flange + block_length slots; slot p % R holds position p (written by the
-  caller before this call), so the ring always holds the block and flange of the query and the
-  per-token cost does not grow with the prefix.
-
-  Args:
-    q: [b, h, 1, d].
-    k_ring, v_ring: [b, h, R, d].
-    ring_positions: int32 [R], the position held by each slot (-1 = empty).
-    position: int32 scalar t.
-    block_length, flange: as in `local_attention` (query_shape, memory_flange).
-    relative_keys, relative_values: optional [2R' + 1, d] Shaw tables.
-    scale: logit scale applied to q; default d ** -0.5.
-  Returns:
-    [b, h, 1, d].
-  """
+  """Causal `local_attention_step` over a ring of R >= flange + block_length slots, k_ring,
+  v_ring [b, h, R, d] (slot p % R holds position p, written by the caller; ring_positions int32
+  [R], -1 = empty): the cost per token does not grow with the prefix."""
   scale = q.shape[-1] ** -0.5 if scale is None else scale
   start = (position // block_length) * block_length - flange
   allowed = (ring_positions >= tf.maximum(start, 0)) & (ring_positions <= position)
-  q = q * scale
-  logits = tf.matmul(q, k_ring, transpose_b=True)  # [b, h, 1, R]
+  return _attend(q * scale, k_ring, v_ring, position, ring_positions, allowed, relative_keys,
+                 relative_values)
+
+
+def _attend(q, k, v, position, keys, allowed, relative_keys, relative_values):
+  """Softmax attention of the scaled query q [b, h, 1, d] at `position` over k, v [b, h, W, d]
+  at positions `keys` [W], masked by `allowed` -> [b, h, 1, d]."""
+  logits = tf.matmul(q, k, transpose_b=True)  # [b, h, 1, W]
   query = tf.reshape(position, [1])
   if relative_keys is not None:
-    rel_k = common.relative_embeddings(relative_keys, query, ring_positions)[0]
+    rel_k = common.relative_embeddings(relative_keys, query, keys)[0]  # [W, d]
     logits += tf.einsum("bhqd,kd->bhqk", q, tf.cast(rel_k, logits.dtype))
   probs = common.masked_softmax(logits, allowed)
-  out = tf.matmul(probs, v_ring)
+  out = tf.matmul(probs, v)
   if relative_values is not None:
-    rel_v = common.relative_embeddings(relative_values, query, ring_positions)[0]
+    rel_v = common.relative_embeddings(relative_values, query, keys)[0]
     out += tf.einsum("bhqk,kd->bhqd", probs, tf.cast(rel_v, probs.dtype))
   return out
 
 
 def causal_window_cache(batch, heads, num_clusters, window, depth, dtype=tf.float32):
-  """Empty per-(head, cluster) caches of the last `window` keys/values for causal_window_step.
-
-  Returns:
-    dict: "keys", "values" [b, h, c, w, d]; "ordinals" int32 [b, h, c, w] (index of the held
-    position within its cluster, -1 = empty); "counts" int32 [b, h, c] (positions seen).
-  """
+  """Empty caches of each (head, cluster)'s last w keys / values for `causal_window_step`:
+  "keys", "values" [b, h, c, w, d]; "ordinals" int32 [b, h, c, w] (the held position's index in
+  its cluster, -1 = empty); "counts" int32 [b, h, c] (positions seen)."""
   return {"keys": tf.zeros([batch, heads, num_clusters, window, depth], dtype),
           "values": tf.zeros([batch, heads, num_clusters, window, depth], dtype),
           "ordinals": -tf.ones([batch, heads, num_clusters, window], tf.int32),
@@ -189,39 +128,24 @@ def causal_window_cache(batch, heads, num_clusters, window, depth, dtype=tf.floa
 
 def causal_window_step(q_hat, k_hat, v, centroids, cache, relative_keys=None,
                        relative_values=None, exclude_self=False, logit_scale=None):
-  """Strictly causal routing of one new position (exactly `causal_window_attention`'s output).
-
-  Args:
-    q_hat, k_hat: [b, h, 1, d] normalised query and key of the new position.
-    v: [b, h, 1, d] its value.
-    centroids: [h, c, d].
-    cache: dict from `causal_window_cache` (or a previous step).
-    relative_keys, relative_values: optional [2R + 1, d] tables (distance in cluster order).
-    exclude_self, logit_scale: extensions, as in `routing.routing_attention`.
-  Returns:
-    (output [b, h, 1, d], updated cache). Cost O(c d + w d), independent of the prefix.
-  """
+  """`causal_window_attention` of one new position: q_hat, k_hat, v [b, h, 1, d], centroids
+  [h, c, d], `cache` from `causal_window_cache` -> (output [b, h, 1, d], updated cache), in
+  O(c d + w d)."""
   window = cache["keys"].shape[3]
-  cluster = kmeans.assignments(routing.centroid_scores(q_hat, tf.stop_gradient(centroids)))
-  cluster = cluster[:, :, 0]  # [b, h]
+  cluster = kmeans.assignments(
+      routing.centroid_scores(q_hat, tf.stop_gradient(centroids)))[:, :, 0]  # [b, h]
   ordinal = tf.gather(cache["counts"], cluster, batch_dims=2)  # [b, h]
-  batch, heads = tf.shape(cluster)[0], tf.shape(cluster)[1]
-  grid_b, grid_h = tf.meshgrid(tf.range(batch), tf.range(heads), indexing="ij")
-  slot = tf.stack([grid_b, grid_h, cluster, ordinal % window], axis=-1)  # [b, h, 4]
-  slot = tf.reshape(slot, [-1, 4])
-  cache = {
-      "keys": tf.tensor_scatter_nd_update(cache["keys"], slot,
-                                          tf.reshape(k_hat, [-1, k_hat.shape[-1]])),
-      "values": tf.tensor_scatter_nd_update(cache["values"], slot,
-                                            tf.reshape(v, [-1, v.shape[-1]])),
-      "ordinals": tf.tensor_scatter_nd_update(cache["ordinals"], slot,
-                                              tf.reshape(ordinal, [-1])),
-      "counts": tf.tensor_scatter_nd_update(
-          cache["counts"], slot[:, :3], tf.reshape(ordinal, [-1]) + 1),
-  }
-  keys = tf.gather(cache["keys"], cluster, batch_dims=2)  # [b, h, w, d]
-  values = tf.gather(cache["values"], cluster, batch_dims=2)
-  ordinals = tf.gather(cache["ordinals"], cluster, batch_dims=2)  # [b, h, w]
+  grid_b, grid_h = tf.meshgrid(tf.range(tf.shape(cluster)[0]), tf.range(tf.shape(cluster)[1]),
+                               indexing="ij")
+  slot = tf.reshape(tf.stack([grid_b, grid_h, cluster, ordinal % window], axis=-1), [-1, 4])
+  new = {"keys": tf.reshape(k_hat, [-1, k_hat.shape[-1]]), "ordinals": tf.reshape(ordinal, [-1]),
+         "values": tf.reshape(v, [-1, v.shape[-1]])}
+  cache = dict({name: tf.tensor_scatter_nd_update(cache[name], slot, x) for name, x in new.items()},
+               counts=tf.tensor_scatter_nd_update(cache["counts"], slot[:, :3],
+                                                  new["ordinals"] + 1))
+  # [b, h, w, d] keys and values, [b, h, w] ordinals of the query's cluster
+  keys, values, ordinals = (tf.gather(cache[name], cluster, batch_dims=2)
+                            for name in ("keys", "values", "ordinals"))
   logits = tf.matmul(q_hat, keys, transpose_b=True)  # [b, h, 1, w]
   distance = (ordinals - ordinal[..., tf.newaxis])[:, :, tf.newaxis, :]  # [b, h, 1, w]
   if relative_keys is not None:

@@ -1,9 +1,6 @@
-"""Blocked local attention (the paper's local heads): query blocks attend to a flange of memory.
-
-The sequence is cut into blocks of `block_length` (the hparam `query_shape`). Causal: each query
-block attends to itself (causal triangle) and to the `flange / block_length` previous blocks
-(`memory_flange`). Non-causal: to itself and `flange / block_length` blocks on each side.
-"""
+"""Blocked local attention (the paper's local heads): blocks of `block_length` (`query_shape`)
+attend to themselves (causal: a triangle) and `flange / block_length` blocks before them
+(`memory_flange`; non-causal: also after them)."""
 import tensorflow as tf
 
 from routing_transformer.core.attention import common
@@ -21,25 +18,14 @@ def check_blocks(length, block_length, flange, name):
   if flange < 0 or flange % block_length:
     raise ValueError(
         "%s: flange (memory_flange) %d is not a non-negative multiple of block_length "
-        "(query_shape) %d; use e.g. memory_flange=%d." % (name, flange, block_length,
-                                                         max(block_length, flange // block_length
-                                                             * block_length)))
+        "(query_shape) %d; use e.g. memory_flange=%d."
+        % (name, flange, block_length, max(block_length, flange // block_length * block_length)))
 
 
 def memory_blocks(x, block_length, before, after):
-  """Stacks, for every block, the block and its neighbours along the length axis.
-
-  Args:
-    x: [b, h, n, ...] tensor, n a multiple of block_length.
-    block_length: int.
-    before: number of preceding blocks in each memory.
-    after: number of following blocks in each memory.
-  Returns:
-    [b, h, n / block_length, (before + 1 + after) * block_length, ...]; slots outside the
-    sequence hold zeros (mask them with `memory_positions`).
-  """
-  n = x.shape[2]
-  num_blocks = n // block_length
+  """x [b, h, n, ...] -> [b, h, n / block_length, (before + 1 + after) * block_length, ...]:
+  every block with `before` blocks before and `after` after it; zeros outside the sequence."""
+  num_blocks = x.shape[2] // block_length
   rest = x.shape[3:].as_list()
   paddings = [[0, 0], [0, 0], [before * block_length, after * block_length]] + [[0, 0]] * len(rest)
   padded = tf.pad(x, paddings)
@@ -50,23 +36,14 @@ def memory_blocks(x, block_length, before, after):
 
 
 def memory_product(a, x, block_length, before, after, adjoint_b=False):
-  """tf.matmul(a, memory_blocks(x, ...), adjoint_b=adjoint_b) whose backward pass rebuilds the
-  memory blocks from x instead of keeping them: it keeps a and x, where the plain product keeps a
-  and the blocks ((before + 1 + after) times x's size). The rebuild waits for the incoming
-  gradient (else the executor, free to run it as soon as x exists, ran it in the forward pass and
-  kept every layer's blocks alive into the backward pass). The gradients are TF's own for the
-  plain ops (a tape over the rebuilt blocks; the product it records is not needed by them, so a
-  graph or tf.function does not run it; eagerly it runs once more). A batch matmul, not an einsum:
-  the blocks' gradient of the logits, blocks^T-contracted over the queries, runs as a matmul with
-  adjoint_a, where einsum's "bhnqd,bhnqk->bhnkd" also transposed its output (1.6x slower on
-  bench-8k's local heads, docs/performance.md).
+  """tf.matmul(a, memory_blocks(x, ...), adjoint_b=adjoint_b), keeping a and x for the backward
+  pass, which rebuilds the blocks ((before + 1 + after) times x's size) once the incoming
+  gradient exists (`rebuild.after`) and takes TF's own gradients of the plain ops. A batch
+  matmul, not an einsum, whose gradient for the blocks also transposes its output.
 
-  Args:
-    a: [b, h, nb, bq, d] queries (adjoint_b: logits a . blocks^T) or [b, h, nb, bq, W] weights.
-    x: [b, h, n, d].
-    block_length, before, after: as `memory_blocks` (W = (before + 1 + after) * block_length).
-  Returns:
-    [b, h, nb, bq, W] (adjoint_b) or [b, h, nb, bq, d].
+  a: [b, h, nb, bq, d] queries (adjoint_b: logits a . blocks^T) or [b, h, nb, bq, W] weights;
+  x: [b, h, n, d]; W = (before + 1 + after) * block_length. Returns [b, h, nb, bq, W]
+  (adjoint_b) or [b, h, nb, bq, d].
   """
   blocks = lambda t: memory_blocks(t, block_length, before, after)
   product = lambda a, x: tf.matmul(a, blocks(x), adjoint_b=adjoint_b)
@@ -86,21 +63,13 @@ def memory_product(a, x, block_length, before, after, adjoint_b=False):
 
 def local_attention(q, k, v, block_length, flange, causal=True, relative_keys=None,
                     relative_values=None, padding=None, scale=None, dropout_rate=0.0):
-  """Blocked local self-attention with optional Shaw relative positions.
+  """Blocked local self-attention: q, k, v [b, h, n, d] (n a multiple of block_length, flange a
+  multiple of it) -> [b, h, n, d]; a query with no allowed key gets 0.
 
-  Args:
-    q, k, v: [b, h, n, d]; n a multiple of block_length.
-    block_length: query block length b_q (hparam `query_shape`).
-    flange: memory flange m (hparam `memory_flange`), a multiple of block_length.
-    causal: mask keys after the query (and no look-ahead blocks).
-    relative_keys: optional [2R + 1, d] table; adds q_i . r[clip(j - i)] to the logits.
-    relative_values: optional [2R + 1, d] table; adds sum_j a_ij r[clip(j - i)] to the output.
-    padding: optional [b, n] bool/int, True or nonzero marks padding keys.
-    scale: logit scale (applied to q, so to relative logits too); default d ** -0.5.
-    dropout_rate: attention dropout on the weights, before the values and relative-values
-      products (`common.attention_dropout`); 0 in evaluation and decoding.
-  Returns:
-    [b, h, n, d]; a query with no allowed key gets 0.
+  relative_keys / relative_values: optional [2R + 1, d] Shaw tables (q_i . r[clip(j - i)] added
+  to the logits, sum_j a_ij r[clip(j - i)] to the output); padding: optional [b, n], nonzero at
+  padding keys; scale: applied to q (default d ** -0.5); dropout_rate: on the weights
+  (`common.attention_dropout`).
   """
   name = "local_attention"
   q, k, v, relative_keys, relative_values, heads, n, depth = common.self_attention_inputs(
@@ -109,8 +78,7 @@ def local_attention(q, k, v, block_length, flange, causal=True, relative_keys=No
   num_blocks = n // block_length
   if causal and num_blocks == 1 and full.causal_block_length(n, relative_keys,
                                                              relative_values) < n:
-    # one causal block of the whole length (hparam full_attention): the same function,
-    # computed in query blocks that skip the masked half
+    # one causal block of the whole length (full_attention): query blocks skip the masked half
     return full.causal_full_attention(q, k, v, relative_keys, relative_values, padding, scale,
                                       dropout_rate)
   if scale is None:
@@ -120,7 +88,7 @@ def local_attention(q, k, v, block_length, flange, causal=True, relative_keys=No
 
   q_blocks = tf.reshape(common.times_constant(q, scale), [-1, heads, num_blocks, block_length,
                                                           depth])
-  # q_blocks . memory_blocks(k) [b, h, nb, bq, W]; the backward pass rebuilds the blocks
+  # [b, h, nb, bq, W]
   logits = memory_product(q_blocks, k, block_length, before, after, adjoint_b=True)
 
   query_offsets = tf.range(block_length)
@@ -142,7 +110,7 @@ def local_attention(q, k, v, block_length, flange, causal=True, relative_keys=No
                                after)  # [b, 1, nb, W]
     allowed = tf.logical_and(allowed, tf.equal(pad_memory, 0)[:, :, :, tf.newaxis, :])
 
-  # A query whose allowed keys are all padding gets 0.
+  # a query whose allowed keys are all padding gets 0
   probs = common.attention_dropout(
       common.masked_softmax(logits, allowed, zero_empty=pad is not None), dropout_rate)
   out = memory_product(probs, v, block_length, before, after)
