@@ -89,7 +89,7 @@ def sparse_transformer_local():
       random_routing=False,      # Random Transformer baseline: members drawn at random
       # Legacy switches reproducing defects of the original release (off in every set):
       # for its checkpoints trained with share_qk=False, causal keys routed by their own centroid
-      # scores with a rank-triangle mask (core/attention/legacy.py);
+      # scores with a rank-triangle mask (core/attention/routing.py);
       legacy_causal_key_routing=False,
       # to continue or compare its runs step for step, its k-means counts, which interleave the
       # routing heads with the positions (kmeans.interleaved_counts; the sums stay per head).
@@ -110,24 +110,11 @@ def sparse_transformer_local():
       reseed_dead_clusters=False,  # re-seed dead centroids from this step's queries
       dead_cluster_check_steps=1000,  # log dead clusters every N steps (0: never)
       skip_corrupt_records=False,  # True: skip corrupt/truncated TFRecords with a warning
-      # Recompute each block's activations in the backward pass (memory: one residual sum per
-      # block plus one block's activations); the k-means update still happens once per step.
+      # Memory (core/memory.py): re-run each layer in the backward pass, keeping its input.
       recompute_layers=False,
-      # The local heads keep only q, k, v, the routing heads' cluster attention only its inputs,
-      # for the backward pass and recompute the attention there (exact; no attention dropout;
-      # not causal_window); off in every set.
+      # Re-run each layer's attention heads in the backward pass, keeping q, k, v (no attention
+      # dropout or random_routing); off in every set.
       recompute_attention=False,
-      # With recompute_layers and recompute_attention: keep each block's heads' output too (one
-      # more [batch, length, hidden] per block), so the replays skip the attention's forward.
-      recompute_keep_heads=False,
-      # With recompute_layers and recompute_attention: keep each block's q, k and v as well (up
-      # to three more [batch, length, hidden] per block than recompute_keep_heads), so the
-      # replays skip the projections too; the attention keeps them for its own recomputation.
-      recompute_keep_qkv=False,
-      # GEGLU's backward pass keeps x W1 but not x W2, which it computes again one chunk of
-      # rows at a time (one more [length, hidden] x [hidden, filter] matmul per block); off in
-      # every set.
-      ffn_rebuild_linear=False,
       # Training loss from the output projection this many positions at a time, recomputed in
       # the backward pass (never the whole [batch, length, vocab] logits); 0: off.
       logits_chunk_size=0,

@@ -33,7 +33,6 @@ def layout_ops(m, k, n, dtype="float32", seed=0):
   (cast to `dtype`)."""
   import numpy as np  # pylint: disable=g-import-not-at-top
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  from routing_transformer.core import layers  # pylint: disable=g-import-not-at-top
   rng = np.random.RandomState(seed)
 
   def variable(*shape):
@@ -41,9 +40,18 @@ def layout_ops(m, k, n, dtype="float32", seed=0):
 
   a, b, b_t, a_t = variable(m, k), variable(k, n), variable(n, k), variable(k, m)
   products = {"plain": tf.matmul(a, b), "transpose_b": tf.matmul(a, b_t, transpose_b=True),
-              "matmul_nt": layers.matmul_nt(a, b_t),
+              "matmul_nt": matmul_nt(a, b_t),
               "transpose_a": tf.matmul(a_t, b, transpose_a=True)}
   return {name: tf.reduce_sum(product) for name, product in products.items()}
+
+
+def matmul_nt(a, b):
+  """a [m, k] times b [n, k] transposed -> [m, n] as a batch matmul of one with b adjoint (the
+  core's dense-layer gradient before 0.2.0)."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  n, k = b.shape
+  product = tf.linalg.matmul(tf.reshape(a, [1, -1, k]), tf.reshape(b, [1, n, k]), adjoint_b=True)
+  return tf.reshape(product, [-1, n])
 
 
 def time_layouts(shape, repeats, dtype="float32"):

@@ -14,7 +14,6 @@ import tensorflow as tf
 import reference
 from conftest import HParamsStandIn
 from routing_transformer.core import attention
-from routing_transformer.core.attention import legacy
 
 tf1 = tf.compat.v1
 B, H, N, D = 2, 2, 64, 8
@@ -44,8 +43,8 @@ def kinds(mu):
       "routing_topk": lambda q, k, v, **kw: attention.routing_attention(q, k, v, mu, N, **kw)[0],
       "routing_noncausal_separate_keys": lambda q, k, v, **kw: attention.routing_attention(
           q, k, v, mu, N, causal=False, share_qk=False, **kw)[0],
-      "routing_legacy_keys": lambda q, k, v, **kw: legacy.causal_key_routing_attention(
-          q, k, v, mu, N, **kw)[0],
+      "routing_legacy_keys": lambda q, k, v, **kw: attention.routing_attention(
+          q, k, v, mu, N, share_qk=False, legacy_causal_key_routing=True, **kw)[0],
       "causal_window": lambda q, k, v, **kw: attention.causal_window_attention(
           q, k, v, mu, N, **kw)[0],
   }

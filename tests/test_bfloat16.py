@@ -36,7 +36,6 @@ from routing_transformer.t2t import model as model_lib
 from tensor2tensor.data_generators import problem_hparams
 from tensor2tensor.utils import registry
 from test_model import EVAL, TRAIN, build, random_targets
-from test_step_memory import buffer_of
 
 tf1 = tf.compat.v1
 KMEANS = ("/means:0", "/ema_count:0", "/ema_means:0")
@@ -319,27 +318,6 @@ def test_activations_between_layers_are_bfloat16(rng):
   local = local_products(graph)
   assert len(local) == 4  # logits and weighted values of the local heads, 2 layers
   assert {op.get_attr("T") for op in local} == {tf.bfloat16}
-
-
-def test_local_attention_weights_are_kept_in_bfloat16_only(rng):
-  """The backward pass reads the local heads' attention weights [b, h, blocks, block, memory]
-  as bfloat16 only (`common.float32_softmax` keeps no float32 copy), where the float32 graph
-  keeps them in float32."""
-  features = features_of(rng)
-  shape = [2, 2, 4, 16, 32]  # batch, local heads, 64 / 16 blocks, block 16, memory 16 + 16
-
-  def kept(graph):
-    dtypes = set()
-    for op in graph.get_operations():
-      if not op.name.startswith("gradients"):
-        continue
-      for t in op.inputs:
-        if not t.op.name.startswith("gradients") and t.shape.as_list() == shape:
-          dtypes.add(buffer_of(t).dtype)
-    return dtypes
-
-  assert kept(training_graph(set_hparams(), features)) == {tf.float32}
-  assert kept(training_graph(set_hparams(activation_dtype=BF16), features)) == {tf.bfloat16}
 
 
 def test_float32_softmax_of_bfloat16_logits(rng):

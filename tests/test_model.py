@@ -212,9 +212,6 @@ BAD_HPARAMS = [
     (dict(sparsity_cluster_size=2), "leaves tokens out of every cluster"),
     (dict(sparsity_cluster_attention_window=128), "exceeds the length"),
     (dict(sparsity_cluster_size=0), "needs sparsity_cluster_size > 0"),
-    (dict(ffn_rebuild_linear=True, relu_dropout=0.1), "ffn_rebuild_linear=True applies to "
-     "GEGLU's chunked block, which runs with ffn_layer='geglu' and relu_dropout=0"),
-    (dict(ffn_rebuild_linear=True, ffn_layer="dense_relu_dense"), "ffn_rebuild_linear=True"),
 ]
 
 

@@ -223,8 +223,8 @@ def test_initial_loss_is_near_uniform(reference):
     (dict(num_encoder_layers=2), "num_encoder_layers=2: not implemented"),
     (dict(mesh_shape="model=2"), "cannot parse mesh_shape"),
     (dict(legacy_kmeans_counts=True), "legacy_kmeans_counts=True: not implemented"),
-    (dict(recompute_layers=True, ffn_rebuild_linear=True),
-     "ffn_rebuild_linear=True, recompute_layers=True: not implemented by "
+    (dict(recompute_layers=True, recompute_attention=True),
+     "recompute_attention=True, recompute_layers=True: not implemented by "
      "routing_transformer_mtf; unset them or use --model=routing_transformer"),
     # the switches the Mesh-TF model once accepted without reading them
     (dict(routing_exclude_self=True, routing_logit_scale="rsqrt_depth",

@@ -1,14 +1,14 @@
-"""recompute_layers: the same training step (gradients, loss, one k-means EMA update) with each
-block's activations recomputed in the backward pass, also under XLA (jit_scope)."""
+"""The memory switches (core/memory.py) give the plain step's values: recompute_layers (gradients,
+loss, one k-means EMA update; also under XLA), recompute_attention and logits_chunk_size."""
 import contextlib
-import re
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
+from routing_transformer.core import memory
 from routing_transformer.t2t import model as model_lib
-from test_model import TRAIN, VOCAB, build, random_targets, small_hparams
+from test_model import EVAL, TRAIN, VOCAB, build, random_targets, small_hparams
 
 tf1 = tf.compat.v1
 KMEANS = ("/means:0", "/ema_count:0", "/ema_means:0")
@@ -56,13 +56,6 @@ def _step(hparams, features, initial=None, xla=False):
   return before, loss_value, grads, after, graph
 
 
-def _consumers_of(graph, suffix):
-  """Ops using the handle of the variables named *suffix, except their initializers."""
-  handles = [op.outputs[0] for op in graph.get_operations()
-             if op.type == "VarHandleOp" and op.name.endswith(suffix)]
-  return [c for h in handles for c in h.consumers() if c.name != h.op.name + "/Assign"]
-
-
 # Each case builds and runs the step twice (a few seconds each); XLA compiles both.
 CASES = [
     ("encoder_decoder", False, dict(num_encoder_layers=1)),
@@ -70,9 +63,8 @@ CASES = [
     # pre-norm (no postprocess tail) and a T2T norm (the whole block, postprocess included)
     ("pre_norm", False, dict(layer_preprocess_sequence="n", layer_postprocess_sequence="da")),
     ("t2t_l2_norm", False, dict(norm_type="l2")),
-    # q, k, v kept (the routing heads' keys too), the attention outside the units
-    ("keep_qkv_separate_keys", False, dict(share_qk=False, recompute_attention=True,
-                                           recompute_keep_qkv=True)),
+    # the attention recomputed inside the recomputed layers, separate keys
+    ("attention_separate_keys", False, dict(share_qk=False, recompute_attention=True)),
 ]
 
 
@@ -83,7 +75,7 @@ def test_recompute_equals_the_plain_step(rng, case, xla, overrides):
   if overrides.get("num_encoder_layers"):
     features["inputs"] = random_targets(rng, length=LENGTH, pad_from=20)
   before, loss, grads, after, _ = _step(tiny_hparams(**overrides), features, xla=xla)
-  before2, loss2, grads2, after2, graph = _step(
+  before2, loss2, grads2, after2, _ = _step(
       tiny_hparams(recompute_layers=True, **overrides), features, before, xla=xla)
   assert set(before2) == set(before)  # recompute creates no variables
   np.testing.assert_allclose(loss2, loss, rtol=1e-6)
@@ -95,15 +87,6 @@ def test_recompute_equals_the_plain_step(rng, case, xla, overrides):
     np.testing.assert_allclose(after2[name], value, rtol=1e-5, atol=1e-7, err_msg=name)
     if overrides.get("ema", True) or not name.endswith("/means:0"):
       assert np.abs(value - before[name]).max() > 0, name  # the update ran
-  # The update is built once per layer, and the backward replay reads no centroid variable.
-  for suffix in KMEANS[1:]:
-    writes = [op for op in _consumers_of(graph, suffix.replace(":0", ""))
-              if op.type == "AssignVariableOp"]
-    assert len(writes) == 1, (suffix, writes)
-  if overrides.get("ema", True):
-    assert not [op.name for op in _consumers_of(graph, "/means") if "recompute" in op.name]
-  else:  # trainable means: the codebook loss reads them (no EMA writes them)
-    assert [op for op in _consumers_of(graph, "/means") if op.type == "AssignVariableOp"] == []
 
 
 def test_recompute_refuses_random_numbers_inside_blocks(rng):
@@ -120,93 +103,161 @@ def test_recompute_is_off_by_default_and_ignored_outside_training(rng):
           tf.estimator.ModeKeys.EVAL, {"targets": random_targets(rng, length=LENGTH)})
 
 
-def test_residual_split():
-  assert model_lib.residual_split("dan") == ("da", "n")  # post-norm: the norm starts the next unit
-  assert model_lib.residual_split("da") == ("da", "")
-  assert model_lib.residual_split("none") == ("", "")
-  assert model_lib.residual_split("n") == ("n", "")  # no residual
-  assert model_lib.residual_split("nda") == ("nda", "")  # normalises before the residual
-  assert model_lib.residual_split("zdn") == ("z", "dn")
+def test_recompute_with_variables_equals_the_plain_function():
+  """memory.recompute around a function that makes variables (tf.compat.v1.get_variable): the
+  same outputs and gradients (input and variables) as the plain function; the replay reuses
+  the forward's variables, a side output carries no gradient."""
+  x_value = np.random.default_rng(2).normal(size=(3, 4))
+
+  def fn(x, replay=False):
+    del replay
+    w = tf1.get_variable("w", [4, 5], tf.float64, tf1.random_normal_initializer(seed=1))
+    y = tf.tanh(tf.matmul(x, w))
+    return y, tf.reduce_sum(tf.square(y)), tf.reduce_max(y)
+
+  values = []
+  for recomputed in (False, True):
+    with tf.Graph().as_default():
+      x = tf.constant(x_value)
+      with tf1.variable_scope("block"):
+        y, loss, side = memory.recompute(fn, [x], differentiable=2) if recomputed else fn(x)
+      variables = tf1.trainable_variables()
+      assert [v.name for v in variables] == ["block/w:0"]
+      grads = tf1.gradients([y, loss], [x] + variables, [tf.ones_like(y) * 0.3, None])
+      with tf1.Session() as sess:
+        sess.run(tf1.global_variables_initializer())
+        values.append(sess.run([y, loss, side] + grads))
+  for got, want in zip(values[1], values[0]):
+    np.testing.assert_allclose(got, want, rtol=1e-12)
 
 
-def _ran(hparams, rng):
-  """(graph, names of the ops one training step's gradients ran)."""
+def model_step(hparams, features, initial=None, mode=TRAIN):
+  """(variables before, training loss, gradients by variable name, logits) of the model in a
+  new graph, the variables initialised from `initial` when given."""
   graph = tf.Graph()
   with graph.as_default():
-    _, losses = build(hparams, TRAIN, {"targets": random_targets(rng, length=LENGTH)})
-    grads = tf1.gradients(losses["training"] + losses["extra_loss"], tf1.trainable_variables())
+    tf1.set_random_seed(1)
+    logits, losses = build(hparams, mode, features)
+    loss = losses["training"]
+    variables = tf1.trainable_variables()
+    grads = [tf.convert_to_tensor(g) for g in tf1.gradients(loss, variables)]
+    every = {v.name: v for v in tf1.global_variables()}
+    feeds = {} if initial is None else {
+        v.initializer.inputs[1]: initial[name] for name, v in every.items()}
     with tf1.Session() as sess:
-      sess.run(tf1.global_variables_initializer())
-      metadata = tf1.RunMetadata()
-      sess.run(grads, options=tf1.RunOptions(trace_level=tf1.RunOptions.FULL_TRACE),
-               run_metadata=metadata)
-  return graph, {node.node_name for dev in metadata.step_stats.dev_stats
-                 for node in dev.node_stats}
+      sess.run(tf1.global_variables_initializer(), feeds)
+      before = sess.run(every)
+      loss_value, grad_values, logits_value = sess.run([loss, grads, logits])
+  return before, loss_value, {v.name: g for v, g in zip(variables, grad_values)}, logits_value
 
 
-def test_replay_stops_before_the_w3_product_and_the_post_norm(rng):
-  """The recomputed block is cut at its FFN's residual sum, whose gradient reads no values: the
-  backward pass re-runs neither the W3 product (nor the post-norm after it) nor the whole x W1
-  and x W2, which the FFN's backward chunks compute from their rows of x instead."""
-  hparams = tiny_hparams(recompute_layers=True)
-  graph, ran = _ran(hparams, rng)
-  # the replay's own forward ops: .../IdentityN_grad/self_attention/recompute/<op>, once nested
-  replay = re.compile(r"^gradients/[^/]+/body/decoder_layer_\d/self_attention/IdentityN_grad/"
-                      r"self_attention/recompute/(.*)$")
-  ops = {op.name: replay.match(op.name).group(1) for op in graph.get_operations()
-         if replay.match(op.name) and "IdentityN_grad" not in replay.match(op.name).group(1)}
-  w1 = [name for name, rest in ops.items() if re.match(r"ffn/weight1(_\d+)?/Tensordot/MatMul$",
-                                                        rest)]
-  w3 = [name for name, rest in ops.items() if re.match(r"ffn/MatMul(_\d+)?$", rest)]
-  assert len(w1) == 2 and not set(w1) & ran  # in the graph, not run
-  assert len(w3) == 2 and not set(w3) & ran
-  # the FFN's backward chunks: x_c W1 and x_c W2, [rows, hidden] x [hidden, filter] products
-  chunks = [op for op in graph.get_operations() if op.type == "MatMul"
-            and re.search(r"/recompute/ffn/IdentityN_grad/MatMul(_\d+)?$", op.name)
-            and not op.get_attr("transpose_a") and not op.get_attr("transpose_b")
-            and op.inputs[1].shape.as_list() == [hparams.hidden_size, hparams.filter_size]]
-  assert len(chunks) == 2 * 2 and {op.name for op in chunks} <= ran
-  # Nor does the post-norm after it: block 0's replay does not read its variables, block 1's
-  # does (its unit starts with that norm of block 0's residual sum).
-  scale = "decoder_layer_0/self_attention/layer_postprocess_1/layer_norm/layer_norm_scale"
-  reads = [op.name for op in _consumers_of(graph, scale) if op.type == "ReadVariableOp"]
-  assert not [name for name in reads if "decoder_layer_0/self_attention/IdentityN_grad/" in name]
-  assert [name for name in reads if "decoder_layer_1/self_attention/IdentityN_grad/" in name]
+@pytest.mark.parametrize("overrides", [
+    {}, {"recompute_layers": True}, {"share_qk": False}, {"routing_mode": "causal_window"}])
+def test_model_gradients_with_recompute_attention_equal_the_plain_step(rng, overrides):
+  """The whole training step (2 layers of local and routing heads, padding) with
+  recompute_attention, alone and inside recompute_layers: the same loss and gradients."""
+  features = {"targets": random_targets(rng, length=64, pad_from=50)}
+  before, loss, grads, _ = model_step(small_hparams(**overrides), features)
+  _, loss2, grads2, _ = model_step(small_hparams(recompute_attention=True, **overrides),
+                                   features, before)
+  np.testing.assert_allclose(loss2, loss, rtol=1e-7)
+  assert set(grads2) == set(grads) and len(grads) > 10
+  for name, g in grads.items():
+    np.testing.assert_allclose(grads2[name], g, rtol=1e-5, atol=1e-7, err_msg=name)
 
 
-@pytest.mark.parametrize("attention,keep", [(False, None), (True, None), (True, "heads"),
-                                            (True, "qkv")],
-                         ids=["kept", "recomputed", "recomputed_keep_heads",
-                              "recomputed_keep_qkv"])
-def test_replay_runs_the_attention_only_where_needed(rng, attention, keep):
-  """recompute_layers: a block's replay runs the attention's forward pass (local einsums,
-  routing cluster matmuls), for what the attention's backward pass reads (without
-  recompute_attention) or for the heads' output (head_dense and output_transform read it for
-  their kernels' gradients). With recompute_attention and recompute_keep_heads the heads are a
-  unit of their own whose output the block keeps: no replay runs the attention, which runs once
-  more only inside its own recomputation. With recompute_keep_qkv neither does any replay run
-  the q, k, v projections (the unit before the attention ends with them: their values are not
-  needed), while the forward pass does."""
-  graph, ran = _ran(tiny_hparams(recompute_layers=True, recompute_attention=attention,
-                                 recompute_keep_heads=keep == "heads",
-                                 recompute_keep_qkv=keep == "qkv"), rng)
-  # x [positions, hidden] times a kernel's columns [hidden, some heads]
-  projections = [op.name for op in graph.get_operations() if op.type == "MatMul" and re.search(
-      r"/self_attention/(recompute/)?self_attention/Tensordot(_\d+)?/MatMul$", op.name)
-                 and op.inputs[1].shape[0] == 16 and op.inputs[0].shape[-1] == 16]
-  replayed_projections = [name for name in projections if "/recompute/" in name]
-  assert len(projections) > len(replayed_projections) > 0
-  assert bool(set(replayed_projections) & ran) == (keep != "qkv")
-  assert set(projections) - set(replayed_projections) <= ran  # the forward's
-  # [b, h, blocks or clusters, queries, keys or depth] products (not the k-means scores)
-  attention_ops = [op.name for op in graph.get_operations()
-                   if op.type in ("Einsum", "BatchMatMulV2") and op.inputs[0].shape.rank == 5]
-  # ops of a replay's own forward pass: .../recompute/self_attention/<op>, not inside the
-  # recomputation of a recompute_attention function (.../IdentityN_<k>_grad/recompute/...)
-  replayed = [name for name in attention_ops if re.search(
-      r"_grad/self_attention/recompute/self_attention/(?!IdentityN)", name) and
-              "/gradients/" not in name.split("/recompute/self_attention/")[-1]]
-  recomputed = [name for name in attention_ops
-                if re.search(r"IdentityN_\d+_grad/recompute/", name)]
-  assert bool(set(replayed) & ran) == (keep is None)
-  assert bool(set(recomputed) & ran) == attention
+def test_recompute_attention_refuses_random_numbers(rng):
+  with tf.Graph().as_default(), pytest.raises(ValueError, match="recompute_attention"):
+    build(small_hparams(recompute_attention=True, attention_dropout=0.1), TRAIN,
+          {"targets": random_targets(rng)})
+
+
+# --- chunked output projection + cross-entropy (logits_chunk_size) ----------------------------
+
+def sparse_xent(logits, labels):
+  return tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits)
+
+
+def loss_values(rng, chunk):
+  """(loss, gradients w.r.t. x, kernel, bias) of the chunked loss (chunk > 0) or the plain one
+  (chunk 0) on the same random inputs (float64; b 2, n 7, e 4, vocab 11)."""
+  with tf.Graph().as_default():
+    x = tf.constant(rng.standard_normal((2, 7, 4)))
+    kernel = tf.constant(rng.standard_normal((4, 11)))
+    bias = tf.constant(rng.standard_normal(11))
+    labels = tf.constant(rng.integers(0, 11, (2, 7)), tf.int32)
+    weights = tf.constant(rng.integers(0, 2, (2, 7)), tf.float64)
+    if chunk:
+      loss = memory.chunked_loss(x, kernel, bias, labels, weights, chunk, sparse_xent)
+    else:
+      loss = tf.reduce_sum(sparse_xent(memory.project(x, kernel, bias), labels) * weights)
+    grads = tf1.gradients(3.0 * loss, [x, kernel, bias])
+    with tf1.Session() as sess:
+      return sess.run([loss, grads])
+
+
+@pytest.mark.parametrize("chunk", [1, 3, 7, 10])
+def test_chunked_loss_and_gradients_equal_the_plain_loss(chunk):
+  loss, grads = loss_values(np.random.default_rng(5), chunk)
+  loss_plain, grads_plain = loss_values(np.random.default_rng(5), 0)
+  np.testing.assert_allclose(loss, loss_plain, rtol=1e-13)
+  for got, want in zip(grads, grads_plain):
+    assert np.abs(want).max() > 0
+    np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-13)
+  assert memory.chunk_bounds(7, 3) == [(0, 3), (3, 3), (6, 1)]
+
+
+@pytest.mark.parametrize("overrides,length,pad_from", [
+    ({}, 64, 50),
+    (dict(label_smoothing=0.1, hidden_size=48, embedding_dims=32), 64, None),
+    ({"recompute_layers": True}, 40, 30),  # shorter than the static length 64
+])
+def test_model_chunked_loss_equals_the_t2t_loss(rng, overrides, length, pad_from):
+  """logits_chunk_size=16 (4 chunks of the 64 positions): the training loss and every gradient
+  equal T2T's loss on the whole logits (label smoothing, final_dense_1, padding, recompute)."""
+  features = {"targets": random_targets(rng, length=length, pad_from=pad_from)}
+  before, loss, grads, logits = model_step(small_hparams(**overrides), features)
+  before2, loss2, grads2, logits2 = model_step(small_hparams(logits_chunk_size=16, **overrides),
+                                               features, before)
+  assert set(before2) == set(before)  # the same variables
+  np.testing.assert_allclose(loss2, loss, rtol=1e-6)
+  assert set(grads2) == set(grads) and len(grads) > 10
+  for name, g in grads.items():
+    np.testing.assert_allclose(grads2[name], g, rtol=1e-5, atol=1e-6, err_msg=name)
+  # The logits are still there for whoever fetches them (computed whole then).
+  np.testing.assert_allclose(logits2, logits, rtol=1e-5, atol=1e-5)
+
+
+def test_train_logits_give_the_eval_loss(rng):
+  """TRAIN returns the logits of all max_length positions (T2T's loss pads the targets with
+  weight-0 zeros to that length); its loss equals the EVAL loss on the sliced logits."""
+  features = {"targets": random_targets(rng, length=40, pad_from=33)}
+  before, loss, _, logits = model_step(small_hparams(), features)
+  _, loss_eval, _, logits_eval = model_step(small_hparams(), features, before, mode=EVAL)
+  assert logits.shape == (2, 64, 1, 1, VOCAB) and logits_eval.shape == (2, 40, 1, 1, VOCAB)
+  np.testing.assert_allclose(loss, loss_eval, rtol=1e-6)
+  np.testing.assert_allclose(logits[:, :40], logits_eval, rtol=1e-5, atol=1e-6)
+
+
+def test_train_logits_are_sliced_when_the_loss_needs_the_targets_length(rng):
+  """With targets_mask (T2T multiplies the [b, 40] mask into the loss weights), TRAIN slices the
+  logits to the targets' length; its loss is the EVAL loss (the same mask)."""
+  mask = np.ones((2, 40), np.float32)
+  mask[:, 30:] = 0.0
+  features = {"targets": random_targets(rng, length=40), "targets_mask": mask}
+  before, loss, _, logits = model_step(small_hparams(), features)
+  _, loss_eval, _, _ = model_step(small_hparams(), features, before, mode=EVAL)
+  _, loss_unmasked, _, _ = model_step(small_hparams(), {"targets": features["targets"]}, before)
+  assert logits.shape == (2, 40, 1, 1, VOCAB)
+  np.testing.assert_allclose(loss, loss_eval, rtol=1e-6)
+  # at initialisation every token's loss is near ln(VOCAB), so dropping a quarter of them moves
+  # the mean by ~1e-4, far above float32 rounding (~5e-7 here)
+  assert abs(loss - loss_unmasked) > 1e-5
+
+
+def test_chunked_loss_refuses_what_it_does_not_compute(rng):
+  features = {"targets": random_targets(rng), "targets_mask": np.ones((2, 64), np.float32)}
+  with tf.Graph().as_default():
+    with pytest.raises(model_lib.HParamsError, match="targets_mask.*logits_chunk_size=0"):
+      build(small_hparams(logits_chunk_size=16), TRAIN, features)
+  assert small_hparams().logits_chunk_size == 0  # off by default (and in every paper set)

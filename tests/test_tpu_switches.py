@@ -28,8 +28,8 @@ def build_and_optimize(use_tpu, **switches):
 
 @pytest.mark.parametrize("switches", [
     {"recompute_layers": True},
-    {"recompute_layers": True, "recompute_attention": True, "recompute_keep_qkv": True},
-    {"ffn_rebuild_linear": True},
+    {"recompute_attention": True},
+    {"recompute_layers": True, "recompute_attention": True},
 ])
 def test_tpu_refuses_the_switches_xla_drops(switches):
   with pytest.raises(model_lib.HParamsError) as error:

@@ -1,27 +1,14 @@
-"""Keras layers (TensorFlow backend): `RoutingSelfAttention`, `RoutingTransformerBlock` and a small
-`RoutingTransformerLM`.
+"""Keras layers (TensorFlow backend, Keras 2.15 and Keras 3): `RoutingSelfAttention`,
+`RoutingTransformerBlock` and a small `RoutingTransformerLM`, computing with the T2T model's
+functions (`heads.mixed_heads`, the k-means update, `layers.geglu_hidden`): with the same weights
+the attention layer gives what `layers.self_attention` gives. Does not import Tensor2Tensor.
 
-One code path for Keras 3 (TensorFlow >= 2.16, `KERAS_BACKEND=tensorflow`) and for Keras 2.15
-(`tf.keras` of TensorFlow 2.15.1, the T2T stack). The layers compute with the same functions as the
-T2T model: the head dispatch `heads.mixed_heads`, the k-means statistics and centroid update
-(`kmeans.combined_statistics`, `kmeans.assign_ema_update`) and the GEGLU activation
-`layers.geglu_hidden`; with the same weights the attention layer gives what `layers.self_attention`
-gives (`tests/test_keras.py`). Importing this module does not import Tensor2Tensor.
+    layer = RoutingSelfAttention(hidden_size=128, local_heads=2, routing_heads=2, num_clusters=8,
+                                 window=64, block_length=64, flange=64)
+    y = layer(x, training=True)  # x [b, n, 128]; one EMA step; layer.losses: the k-means loss
 
-    from routing_transformer.core import keras as rt_keras
-    layer = rt_keras.RoutingSelfAttention(hidden_size=128, local_heads=2, routing_heads=2,
-                                          num_clusters=8, window=64, block_length=64, flange=64)
-    y = layer(x, training=True)   # x [b, n, 128]; the centroids take one EMA step; layer.losses
-                                  # holds the k-means loss (kmeans.clustering_loss)
-
-Shapes: x [b, n, hidden]; heads [b, h, n, d] with d = hidden / (local_heads + routing_heads).
-
-Centroids (`means`, `ema_count`, `ema_means`) are float32 non-trainable weights, never autocast
-under a mixed precision policy (routing scores, softmaxes and k-means statistics are computed in
-float32 for float16 / bfloat16 activations, `norm.compute_dtype`). In training they take one EMA
-step per call from the statistics of the whole global batch: under a `tf.distribute` strategy the
-replicas' counts and sums are summed (`all_reduce`) before the step, so every replica assigns the
-same value (aggregation ONLY_FIRST_REPLICA).
+Centroids are float32 non-trainable weights (never autocast); in training they take one EMA step
+per call from the global batch's statistics (summed over a tf.distribute strategy's replicas).
 """
 import math
 import os
@@ -68,9 +55,8 @@ register = keras.utils.register_keras_serializable(package="routing_transformer"
 
 
 def add_weight(layer, name, shape, initializer, trainable=True, float32=False):
-  """layer.add_weight for Keras 2 and 3; `float32`: a float32 weight never autocast (centroids,
-  EMA statistics, the learned routing logit scale) whose replicas all hold the first replica's
-  value (the update is computed from all-reduced statistics, identical on every replica)."""
+  """layer.add_weight for Keras 2 and 3; `float32`: never autocast, replicas hold the first
+  replica's value (centroids, EMA statistics, the learned logit scale)."""
   kwargs = dict(name=name, shape=shape, initializer=initializer, trainable=trainable)
   if float32:
     kwargs["dtype"] = "float32"
@@ -83,8 +69,7 @@ def add_weight(layer, name, shape, initializer, trainable=True, float32=False):
 
 
 def global_batch_statistics(counts, sums):
-  """(counts, sums) summed over the replicas of a tf.distribute strategy (as they are outside one):
-  the k-means step sees the whole global batch."""
+  """(counts, sums) summed over a tf.distribute strategy's replicas: the global batch's."""
   context = tf.distribute.get_replica_context()
   if context is not None and context.num_replicas_in_sync > 1:
     counts, sums = context.all_reduce(tf.distribute.ReduceOp.SUM, [counts, sums])
@@ -130,23 +115,13 @@ ATTENTION_ARGS = ("hidden_size", "local_heads", "routing_heads", "num_clusters",
 
 @register
 class RoutingSelfAttention(keras.layers.Layer):
-  """Multi-head self-attention mixing local heads and routing heads (Roy et al., 2021):
-  routing_heads=0 is local attention, local_heads=0 routing attention only.
+  """Multi-head self-attention of routing heads (first) and local heads (Roy et al., 2021),
+  weights named as `layers.self_attention`'s variables, centroids `means` [routing_heads,
+  num_clusters, d] with `ema_count`, `ema_means`.
 
-  Weights (named after the T2T variable scopes of `layers.self_attention`): q, k, v, [head_dense],
-  output_transform kernels; per head type optional Shaw relative tables; routing centroids
-  `means` [routing_heads, num_clusters, d] with `ema_count`, `ema_means` (non-trainable, float32).
-  Routing heads come first along the head axis, as in the T2T model.
-
-  call(x, padding=None, mask=None, training=None):
-    x: [b, n, hidden] (n static).
-    padding: optional bool [b, n], True at padding positions.
-    mask: Keras mask [b, n], True at real positions (from Embedding(mask_zero=True), Masking):
-      its complement is padding too; the layer passes the mask on.
-    training: when true, one EMA step of the centroids from this batch's assignments (and the
-      attention dropout on the attention weights); otherwise the centroids stay as they are.
-  Returns [b, n, hidden]; the k-means loss `kmeans.clustering_loss` (2 * beta * commitment_loss)
-  is added with `add_loss`.
+  call(x [b, n, hidden], padding=None (bool [b, n]), mask=None (Keras mask, True at real
+  positions), training=None (one EMA step, attention dropout)) -> [b, n, hidden]; the k-means
+  loss (`kmeans.clustering_loss`) goes to `add_loss`.
   """
 
   def __init__(self, hidden_size, local_heads=2, routing_heads=2, num_clusters=8, window=64,
@@ -354,16 +329,9 @@ LM_ARGS = ("vocab_size", "length", "hidden_size", "filter_size", "num_layers", "
 
 @register
 class RoutingTransformerLM(keras.Model):
-  """A small decoder-only Routing Transformer language model.
-
-  Token embedding + dense to hidden_size (+ optional sinusoid timing signal), `num_layers`
-  `RoutingTransformerBlock`s whose layers from `skip_first` on have `routing_heads` routing heads
-  (earlier layers: all heads local), then float32 logits over the vocabulary.
-  Inputs are ids [b, n] (0 = padding), n fixed; outputs logits [b, n, vocab] where position i
-  predicts token i (inputs are shifted right inside, as in the T2T model). The commitment losses
-  of the routing layers are in `model.losses`, so `model.fit` with
-  `SparseCategoricalCrossentropy(from_logits=True)` trains the same objective.
-  """
+  """A small decoder-only Routing Transformer LM: ids [b, n] (0 = padding, shifted right
+  inside) -> float32 logits [b, n, vocab]; embedding, dense (+ timing signal), `num_layers`
+  blocks (routing heads from `skip_first` on); the k-means losses in `model.losses`."""
 
   def __init__(self, vocab_size, length, hidden_size=128, filter_size=256, num_layers=2,
                local_heads=2, routing_heads=2, skip_first=1, num_clusters=8, window=64,

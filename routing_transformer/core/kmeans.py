@@ -1,28 +1,13 @@
-"""Online mini-batch k-means that learns the routing centroids (Roy et al., TACL
-2021; the original release's k-means): all of it.
-
-- assignments and losses: `assignments` (argmax centroid), `commitment_loss`, `codebook_loss`,
-  `clustering_loss` (the weight: the original's query term plus key term);
-- statistics and the EMA step: `cluster_statistics` (per head, or with `legacy_counts` the
-  original release's interleaved counts), `combined_statistics`, `ema_step`, `smoothed_means`;
-- monitoring and re-seeding: `occupancy`, `dead_mask`, `reseed_candidates`;
-- variables and the per-step update op: `OnlineKMeans`, `assign_ema_update`, `KMeansStep` (what a
-  routing layer hands to the model) and `shard_update` (one update from every data-parallel
-  shard).
-
-`OnlineKMeans` owns one routing layer's variables in tf.compat.v1 graph mode, the way T2T builds
-models:
-  means      [h, c, d]  centroids used for routing (init LayerNorm-without-scale of N(0, 1))
-  ema_count  [h, c]     EMA of cluster sizes (init 0), non-trainable
-  ema_means  [h, c, d]  EMA of cluster sums (init = means), non-trainable
-Queries and keys of a layer share the centroids and are combined into one update per step.
-The attention functions (`attention.routing`, `attention.causal_window`) call `assignments` and
-`commitment_loss`; this module imports nothing from the attention package.
+"""Online mini-batch k-means that learns the routing centroids (Roy et al., TACL 2021; the
+original release's k-means): assignments and losses, per-head statistics and their EMA step,
+monitoring and re-seeding, and the variables of one routing layer (`OnlineKMeans`):
+  means [h, c, d] (routing centroids), ema_count [h, c], ema_means [h, c, d] (EMA statistics).
+Queries and keys of a layer share the centroids and make one update per step. Also the LayerNorm
+without scale routing normalises with; imports nothing from the attention package.
 """
 import tensorflow as tf
 
-from routing_transformer.core import norm
-
+LOW_PRECISION = (tf.bfloat16, tf.float16)
 DECAY = 0.999
 EPSILON = 1e-5
 BETA = 1e-4
@@ -32,20 +17,30 @@ DEAD_FRACTION = 1e-3  # a cluster holding < this share of its uniform share coun
 ROUTED_SETS = 2
 
 
+def compute_dtype(dtype):
+  """float32 for bfloat16 / float16 activations (normalisation, softmax, routing), else dtype."""
+  dtype = tf.as_dtype(dtype).base_dtype
+  return tf.float32 if dtype in LOW_PRECISION else dtype
+
+
+def layer_norm_no_scale(x, epsilon=1e-6, dtype=None):
+  """LayerNorm without scale or bias over the last axis, in `compute_dtype`: [..., d] -> [..., d]
+  of `dtype` (default x's)."""
+  x = tf.convert_to_tensor(x)
+  out_dtype = x.dtype.base_dtype if dtype is None else tf.as_dtype(dtype)
+  x = tf.cast(x, compute_dtype(x.dtype))
+  mean, variance = tf.nn.moments(x, axes=[-1], keepdims=True)
+  return tf.cast((x - mean) * tf.math.rsqrt(variance + epsilon), out_dtype)
+
+
 def initial_means(heads, num_clusters, depth, seed=None):
   """LayerNorm (no scale) of N(0, 1) samples: [heads, num_clusters, depth] float32."""
-  return norm.layer_norm_no_scale(
+  return layer_norm_no_scale(
       tf.random.normal([heads, num_clusters, depth], seed=seed, dtype=tf.float32))
 
 
 def assignments(scores):
-  """Hard k-means assignment: the best centroid of every position.
-
-  Args:
-    scores: [b, h, c, n] centroid scores mu_c . x_i (`attention.routing.centroid_scores`).
-  Returns:
-    int32 [b, h, n].
-  """
+  """The best centroid of every position: scores [b, h, c, n] -> int32 [b, h, n]."""
   return tf.argmax(scores, axis=2, output_type=tf.int32)
 
 
@@ -58,17 +53,9 @@ def assigned_centroids(centroids, clusters):
 
 
 def centroid_distance(x_hat, centroids, clusters, weights):
-  """mean((x - mu[assigned])^2) over real positions, heads and depth.
-
-  Args:
-    x_hat: [b, h, n, d].
-    centroids: [h, c, d].
-    clusters: int32 [b, h, n] assignments.
-    weights: [b, n], 1 for real positions and 0 for padding.
-  Returns:
-    float32 scalar (computed in float32 for bfloat16 x_hat).
-  """
-  x_hat = tf.cast(x_hat, norm.compute_dtype(x_hat.dtype))
+  """mean((x - mu[assigned])^2) over real positions, heads and depth (float32 scalar): x_hat
+  [b, h, n, d], centroids [h, c, d], clusters int32 [b, h, n], weights [b, n] (0 at padding)."""
+  x_hat = tf.cast(x_hat, compute_dtype(x_hat.dtype))
   mu = tf.cast(assigned_centroids(centroids, clusters), x_hat.dtype)
   squared = tf.reduce_sum(tf.cast(tf.square(x_hat - mu), tf.float32), axis=-1)  # [b, h, n]
   weights = tf.cast(weights, tf.float32)[:, tf.newaxis, :]
@@ -87,37 +74,16 @@ def codebook_loss(x_hat, centroids, clusters, weights):
 
 
 def clustering_loss(commitment, beta, codebook=0.0):
-  """A routing layer's k-means loss, weighted as the original release weights it.
-
-  The original adds beta * commitment (+ codebook, without EMA) once for the queries and once for
-  the keys, the keys being the queries with share_qk: 2 * beta * e_q with share_qk, beta *
-  (e_q + e_k) with separate keys. `commitment` (and `codebook`) are means over the routed vector
-  sets, as the routing functions report them (aux "commitment_loss"), so the loss is
-  ROUTED_SETS times their weighted sum.
-
-  Args:
-    commitment: scalar, the mean commitment loss of the queries (and keys).
-    beta: the commitment weight (hparam `beta`).
-    codebook: scalar, the mean codebook loss (ema=False), or 0.
-  Returns:
-    scalar.
-  """
+  """A routing layer's k-means loss as the original weights it: it adds beta * commitment
+  (+ codebook without EMA) once for the queries and once for the keys (the queries again with
+  share_qk); `commitment`, `codebook` are the means over both, so ROUTED_SETS times their sum."""
   return ROUTED_SETS * (beta * commitment + codebook)
 
 
 def cluster_statistics(x_hat, clusters, num_clusters, weights, legacy_counts=False):
-  """Per-head cluster sizes and sums of one batch.
-
-  Args:
-    x_hat: [b, h, n, d] normalised vectors.
-    clusters: int32 [b, h, n] assignments.
-    num_clusters: c.
-    weights: [b, n], 1 for real positions and 0 for padding (padding adds nothing).
-    legacy_counts: the original release's counts (`interleaved_counts`) instead of per-head ones;
-      the sums stay per head, as in the original.
-  Returns:
-    (counts float32 [h, c], sums float32 [h, c, d]).
-  """
+  """Per-head (counts float32 [h, c], sums float32 [h, c, d]) of x_hat [b, h, n, d] by clusters
+  int32 [b, h, n] over c clusters, weights [b, n] (0 at padding); legacy_counts: the original's
+  counts (`interleaved_counts`), the sums per head as in the original."""
   heads, depth = x_hat.shape[1], x_hat.shape[3]
   segments = clusters + tf.reshape(tf.range(heads) * num_clusters, [1, heads, 1])
   weights = tf.broadcast_to(tf.cast(weights, tf.float32)[:, tf.newaxis, :], tf.shape(clusters))
@@ -132,20 +98,10 @@ def cluster_statistics(x_hat, clusters, num_clusters, weights, legacy_counts=Fal
 
 
 def interleaved_counts(clusters, num_clusters, weights):
-  """The original release's k-means counts with several heads (hparam `legacy_kmeans_counts`).
-
-  Its online_kmeans reshapes the one-hot assignments [b, h, n, c] to [-1, h, c] before summing
-  over the first axis, so count row j sums the one-hot rows whose flat index (b * h + h') * n + i
-  is j modulo h: when h divides n, the positions i = j mod h of every head h'. Each head's
-  counts mix all heads (a defect of the original; identical to per-head counts with one head).
-
-  Args:
-    clusters: int32 [b, h, n] assignments.
-    num_clusters: c.
-    weights: [b, n] or [b, h, n], 1 for real positions and 0 for padding.
-  Returns:
-    float32 [h, c].
-  """
+  """The original release's counts [h, c] with several heads (hparam `legacy_kmeans_counts`):
+  its one-hot assignments [b, h, n, c] reshaped to [-1, h, c] and summed over the first axis, so
+  each head's counts mix all heads (the same as per-head counts with one head). clusters int32
+  [b, h, n]; weights [b, n] or [b, h, n]."""
   heads = clusters.shape[1]
   weights = tf.cast(weights, tf.float32)
   if weights.shape.rank == 2:
@@ -155,8 +111,8 @@ def interleaved_counts(clusters, num_clusters, weights):
 
 
 def routed_vectors(aux, share_qk):
-  """(x_hats, clusters) the centroids learn from, out of a routing attention's aux dict: the
-  queries, and the keys too when they are routed separately (share_qk=False)."""
+  """(x_hats, clusters) the centroids learn from (a routing attention's Routed or aux dict): the
+  queries, and the keys too without share_qk."""
   if share_qk:
     return [aux["q_hat"]], [aux["query_clusters"]]
   return [aux["q_hat"], aux["k_hat"]], [aux["query_clusters"], aux["key_clusters"]]
@@ -179,16 +135,7 @@ def ema_step(ema_count, ema_means, counts, sums, decay=DECAY):
 
 
 def smoothed_means(ema_count, ema_means, epsilon=EPSILON):
-  """Centroids from EMA statistics with Laplace smoothing of the counts.
-
-  count <- (count + eps) / (N + c * eps) * N with N = sum of counts per head; means = sums / count.
-
-  Args:
-    ema_count: [h, c].
-    ema_means: [h, c, d] (EMA of sums).
-  Returns:
-    [h, c, d].
-  """
+  """Centroids [h, c, d]: EMA sums [h, c, d] / `smoothed_count` of the EMA counts [h, c]."""
   return ema_means / smoothed_count(ema_count, epsilon)[..., tf.newaxis]
 
 
@@ -200,14 +147,8 @@ def smoothed_count(ema_count, epsilon=EPSILON):
 
 
 def occupancy(counts):
-  """Summary statistics of cluster sizes.
-
-  Args:
-    counts: [h, c] cluster sizes of one batch (or their EMA).
-  Returns:
-    dict of float32 scalars: min/max share of a cluster, mean entropy (nats, max log c) of the
-    per-head occupancy distribution, and the number of dead clusters (share < DEAD_FRACTION / c).
-  """
+  """Scalars of cluster sizes counts [h, c]: min/max share of a cluster, mean entropy (nats) of
+  the per-head occupancy, number of dead clusters (share < DEAD_FRACTION / c)."""
   counts = tf.cast(counts, tf.float32)
   num_clusters = counts.shape[-1]
   share = counts / tf.maximum(tf.reduce_sum(counts, axis=-1, keepdims=True), 1e-9)
@@ -240,15 +181,10 @@ def reseed_candidates(x_hat, weights, num_clusters, seed=None):
 
 def assign_ema_update(means, ema_count, ema_means, counts, sums, decay=DECAY, epsilon=EPSILON,
                       ema=True, candidates=None):
-  """Assigns one EMA step to a layer's k-means variables (graph op, or done at once in eager).
-
-  ema_count <- EMA of counts [h, c]; ema_means <- EMA of sums [h, c, d]; then (ema=True)
-  means <- `smoothed_means`. With `candidates` [h, c, d] (see `reseed_candidates`), clusters dead
-  after the step (`dead_mask` of the new EMA counts) take their candidate as centroid, their EMA
-  sums set so the smoothed mean is exactly the candidate (counts kept). With ema=False only the
-  EMA statistics move (monitoring); the trainable means are left to the codebook loss.
-  Returns the grouped update op (None in eager mode).
-  """
+  """One EMA step of a layer's k-means variables (the grouped op; None in eager mode):
+  ema_count, ema_means <- EMA of counts [h, c], sums [h, c, d]; means <- `smoothed_means` (only
+  with ema=True). Clusters dead after the step (`dead_mask`) take their `candidates` [h, c, d]
+  row as centroid, their EMA sums set so the smoothed mean is exactly it."""
   new_count, new_sums = ema_step(ema_count, ema_means, counts, sums, decay)
   new_means = smoothed_means(new_count, new_sums, epsilon)
   if candidates is not None:
@@ -265,12 +201,9 @@ def assign_ema_update(means, ema_count, ema_means, counts, sums, decay=DECAY, ep
 
 
 class OnlineKMeans(object):
-  """The centroids of one routing layer and their update (tf.compat.v1 variables).
-
-  Build inside the layer's variable scope; T2T's scope reuse then shares the variables between
-  data-parallel shards. With `ema=False` the means are trainable and learned by `codebook_loss`.
-  With `legacy_counts` the statistics use the original release's counts (`interleaved_counts`).
-  """
+  """The centroids of one routing layer and their update (tf.compat.v1 variables in the layer's
+  scope). ema=False: trainable means learned by `codebook_loss`; legacy_counts: the original's
+  counts (`interleaved_counts`)."""
 
   def __init__(self, heads, num_clusters, depth, decay=DECAY, beta=BETA, epsilon=EPSILON,
                ema=True, legacy_counts=False, name="cluster_attention"):
@@ -290,27 +223,16 @@ class OnlineKMeans(object):
     return combined_statistics(x_hats, clusters, self.num_clusters, weights, self.legacy_counts)
 
   def update(self, x_hats, clusters, weights, all_reduce=None):
-    """EMA update from this step's assignments (call in TRAIN mode only).
-
-    Args:
-      x_hats: list of [b, h, n, d] normalised vectors (queries, and keys when not shared).
-      clusters: matching list of int32 [b, h, n] assignments.
-      weights: [b, n], 1 for real positions and 0 for padding.
-      all_reduce: optional fn applied to (counts, sums) to combine replicas/shards, e.g.
-        TPU cross_replica_sum; every replica must end with identical centroids.
-    Returns:
-      (update op, counts [h, c] of this step before all-reduce).
-    """
+    """(EMA update op, counts [h, c] before all_reduce) from lists of x_hats [b, h, n, d] and
+    clusters int32 [b, h, n], weights [b, n]; all_reduce: optional fn on (counts, sums) across
+    replicas (TPU cross_replica_sum)."""
     counts, sums = self.statistics(x_hats, clusters, weights)
     if all_reduce is not None:
       return self.update_from_statistics(*all_reduce(counts, sums))[0], counts
     return self.update_from_statistics(counts, sums)
 
   def update_from_statistics(self, counts, sums, candidates=None):
-    """EMA step from combined statistics: counts [h, c], sums [h, c, d]; returns (op, counts).
-
-    See `assign_ema_update` (re-seeding with `candidates` [h, c, d]; ema=False).
-    """
+    """(`assign_ema_update` op, counts) from counts [h, c], sums [h, c, d]."""
     op = assign_ema_update(self.means, self.ema_count, self.ema_means, counts, sums, self.decay,
                            self.epsilon, self.ema, candidates)
     return op, counts
@@ -339,19 +261,9 @@ class KMeansStep(object):
 
 
 def shard_update(steps, all_reduce=None, reseed=False):
-  """One EMA update of a layer's centroids from its `KMeansStep`s on every data-parallel shard.
-
-  The shards' statistics are averaged, then combined across replicas by `all_reduce` (e.g. TPU
-  cross_replica_sum), so every shard and replica keeps identical centroids.
-
-  Args:
-    steps: list of KMeansStep of one layer (one per shard, sharing the layer's OnlineKMeans).
-    all_reduce: optional fn (counts, sums) -> (counts, sums) across replicas.
-    reseed: dead clusters take vectors drawn from the first shard's queries
-      (`reseed_candidates`, see `assign_ema_update`).
-  Returns:
-    (update op, counts [h, c] after all_reduce).
-  """
+  """(update op, counts [h, c]): one EMA update of a layer's centroids from its KMeansSteps on
+  every data-parallel shard, averaged, then combined by `all_reduce` across replicas, so all keep
+  identical centroids; reseed: dead clusters take the first shard's queries."""
   stats = [step.statistics() for step in steps]
   counts = tf.add_n([c for c, _ in stats]) / len(stats)
   sums = tf.add_n([s for _, s in stats]) / len(stats)

@@ -11,19 +11,15 @@ data-parallel shards are built, `model_fn_sharded` averages them over shards (cr
 on TPU) and applies one EMA update per layer, so every shard keeps identical centroids.
 """
 import collections
-import functools
 
 import tensorflow as tf
 
 from routing_transformer.t2t import checkpoint_files
 from routing_transformer.t2t import patches
-from routing_transformer.core import chunked_loss
 from routing_transformer.core import health
 from routing_transformer.core import kmeans
 from routing_transformer.core import layers
-from routing_transformer.core import norm
-from routing_transformer.core import rebuild
-from routing_transformer.core import recompute
+from routing_transformer.core import memory as memory_lib
 
 # T2T cannot build or train the model on TF 2.15 without these fixes (and the non-finite guard).
 patches.install(patches.MODEL_FIXES)
@@ -59,7 +55,7 @@ def check_hparams(hparams, length=None):
     problems.append("hidden_size=%d is not divisible by local_num_heads + "
                     "sparsity_cluster_num_heads = %d; change one of them"
                     % (hparams.hidden_size, heads))
-  full = hparams.get("full_attention", False)
+  full = hparams.full_attention
   if not full and (block <= 0 or length % block):
     problems.append("max_length/max_target_length=%d is not a multiple of query_shape=%d; use "
                     "e.g. max_length=%d" % (length, block, -(-length // max(block, 1)) * block))
@@ -87,10 +83,10 @@ def check_hparams(hparams, length=None):
   if hparams.legacy_causal_key_routing and hparams.routing_mode != "topk":
     problems.append("legacy_causal_key_routing=True reproduces the original's top-k routing; "
                     "use it with routing_mode='topk'")
-  if hparams.get("routing_logit_scale", "none") not in ("none", "rsqrt_depth", "learned"):
+  if hparams.routing_logit_scale not in ("none", "rsqrt_depth", "learned"):
     problems.append("routing_logit_scale=%r is not supported; use 'none' (paper), "
                     "'rsqrt_depth' or 'learned'" % hparams.routing_logit_scale)
-  chunk = hparams.get("logits_chunk_size", 0)
+  chunk = hparams.logits_chunk_size
   if chunk < 0 or (chunk and -(-length // chunk) > MAX_LOGITS_CHUNKS):
     problems.append("logits_chunk_size=%d must be 0 (off) or at least %d: at most %d chunks of "
                     "the length %d (each chunk adds a copy of the output layer to the graph)"
@@ -98,33 +94,27 @@ def check_hparams(hparams, length=None):
   if hparams.routing_mode not in ("topk", "causal_window"):
     problems.append("routing_mode=%r is not supported; use 'topk' (paper routing) or "
                     "'causal_window' (strictly causal)" % hparams.routing_mode)
-  if hparams.get("activation_dtype", "float32") not in ACTIVATION_DTYPES:
+  if hparams.activation_dtype not in ACTIVATION_DTYPES:
     problems.append("activation_dtype=%r is not supported; use 'float32' or 'bfloat16'"
                     % hparams.activation_dtype)
-  if hparams.get("weight_dtype", "float32") != "float32":
+  if hparams.weight_dtype != "float32":
     problems.append("weight_dtype=%r is not supported: the variables are float32 (bfloat16 "
                     "activations: activation_dtype='bfloat16'); use weight_dtype='float32'"
                     % hparams.weight_dtype)
-  if hparams.get("ffn_rebuild_linear", False) and (hparams.ffn_layer != "geglu" or
-                                                   hparams.relu_dropout):
-    problems.append("ffn_rebuild_linear=True applies to GEGLU's chunked block, which runs with "
-                    "ffn_layer='geglu' and relu_dropout=0 (got %r and %s); set those or "
-                    "ffn_rebuild_linear=False" % (hparams.ffn_layer, hparams.relu_dropout))
   if problems:
     raise HParamsError("Inconsistent hparams for routing_transformer: " + "; ".join(problems))
 
 
 # Memory switches that order their recomputation by control dependencies, which XLA (the TPU
 # path) drops: XLA's buffer assignment of bench-8k's step with each of them on is the plain
-# step's (benchmarks/xla_memory.py at 1,024 tokens: recompute_layers and ffn_rebuild_linear
-# identical, recompute_attention 0.99, the three recomputations with chunked logits 1.02).
-XLA_INERT_SWITCHES = ("recompute_layers", "recompute_attention", "recompute_keep_heads",
-                      "recompute_keep_qkv", "ffn_rebuild_linear")
+# step's (benchmarks/xla_memory.py at 1,024 tokens: recompute_layers identical,
+# recompute_attention 0.99).
+XLA_INERT_SWITCHES = ("recompute_layers", "recompute_attention")
 
 
 def refuse_xla_inert_switches(hparams):
   """HParamsError (one line) when a switch of XLA_INERT_SWITCHES is on for a TPU run."""
-  on = [name for name in XLA_INERT_SWITCHES if hparams.get(name, False)]
+  on = [name for name in XLA_INERT_SWITCHES if getattr(hparams, name)]
   if on:
     raise HParamsError(
         "%s: save no memory on TPU: XLA drops the control dependencies their recomputation "
@@ -134,7 +124,7 @@ def refuse_xla_inert_switches(hparams):
 
 def activation_dtype(hparams):
   """tf.float32, or tf.bfloat16 with hparams.activation_dtype="bfloat16"."""
-  return ACTIVATION_DTYPES[hparams.get("activation_dtype", "float32")]
+  return ACTIVATION_DTYPES[hparams.activation_dtype]
 
 
 def pad_to_length(ids, length, name):
@@ -153,53 +143,6 @@ def pad_to_length(ids, length, name):
 def cross_replica_sum(counts, sums):
   """TPU: k-means statistics summed over replicas, so every replica keeps identical centroids."""
   return tf1.tpu.cross_replica_sum(counts), tf1.tpu.cross_replica_sum(sums)
-
-
-def prepostprocess(previous, x, sequence, hparams, default_name):
-  """T2T's `common_layers.layer_prepostprocess` (steps "a", "z", "d", "n" of `sequence`; the same
-  variable scopes, variables and values), its layer norm (`norm_type` "layer") computed by
-  `norm.layer_norm`, whose backward pass keeps only its input; other norm types go to T2T."""
-  if hparams.norm_type != "layer":
-    process = (common_layers.layer_preprocess if previous is None else
-               functools.partial(common_layers.layer_postprocess, previous))
-    return process(x, hparams)
-  with tf1.variable_scope(None, default_name=default_name):
-    if sequence == "none":
-      return x
-    return prepostprocess_steps(previous, x, sequence, hparams)
-
-
-def prepostprocess_steps(previous, x, steps, hparams):
-  """The steps of a T2T pre/postprocess sequence ("a", "z", "d", "n") in the current scope."""
-  for step in steps:
-    if step == "a":
-      x += previous
-    elif step == "z":
-      x = common_layers.zero_add(previous, x)
-    elif step == "n":
-      with tf1.variable_scope(None, default_name="layer_norm", values=[x]):
-        scale, bias = common_layers.layer_norm_vars(common_layers.shape_list(x)[-1])
-        x = norm.layer_norm(x, scale, bias, hparams.norm_epsilon)
-    else:
-      assert step == "d", "unknown sequence step %s" % step
-      x = common_layers.dropout_with_broadcast_dims(
-          x, 1.0 - hparams.layer_prepostprocess_dropout,
-          broadcast_dims=common_layers.comma_separated_string_to_integer_list(
-              getattr(hparams, "layer_prepostprocess_dropout_broadcast_dims", "")))
-  return x
-
-
-def residual_split(sequence):
-  """A postprocess sequence as (head, tail): the head up to its last residual step ("a", "z"),
-  the tail the steps after it (the normalisation of post-norm models: "dan" -> "da", "n"). The
-  whole sequence is the head when it has no residual step or normalises before it; "none" is
-  ("", "")."""
-  if sequence == "none":
-    return "", ""
-  last = max(sequence.rfind("a"), sequence.rfind("z"))
-  if last < 0 or "n" in sequence[:last]:
-    return sequence, ""
-  return sequence[:last + 1], sequence[last + 1:]
 
 
 @registry.register_model
@@ -290,31 +233,22 @@ class RoutingTransformer(t2t_model.T2TModel):
     return self.preprocess(x)
 
   def preprocess(self, x):
-    """T2T's layer_preprocess (`prepostprocess`), its normalisation in float32 (`in_float32`)."""
-    sequence = self.hparams.layer_preprocess_sequence
-    return self.in_float32(
-        lambda x, hparams: prepostprocess(None, x, sequence, hparams, "layer_prepostprocess"),
-        sequence, x)
+    """T2T's layer_preprocess, its normalisation in float32 (`in_float32`)."""
+    return self.in_float32(common_layers.layer_preprocess,
+                           self.hparams.layer_preprocess_sequence, x)
 
   def postprocess(self, x, y):
-    """T2T's layer_postprocess (residual x + y; `prepostprocess`), its normalisation in float32
-    (`in_float32`)."""
-    sequence = self.hparams.layer_postprocess_sequence
-    return self.in_float32(
-        lambda x, y, hparams: prepostprocess(x, y, sequence, hparams, "layer_postprocess"),
-        sequence, x, y)
+    """T2T's layer_postprocess (residual x + y), its normalisation in float32 (`in_float32`)."""
+    return self.in_float32(common_layers.layer_postprocess,
+                           self.hparams.layer_postprocess_sequence, x, y)
 
   def in_float32(self, process, sequence, *tensors):
     """process(*tensors, hparams); with bfloat16 activations and a normalisation ("n") in the
-    T2T `sequence`, the tensors go in as float32 and the result comes back as bfloat16 (a cast
-    the backward pass rebuilds where the float32 result is rebuildable, `rebuild`)."""
+    T2T `sequence`, the tensors go in as float32 and the result comes back as bfloat16."""
     dtype = tensors[-1].dtype
     if dtype == tf.float32 or sequence == "none" or "n" not in sequence:
       return process(*tensors, self.hparams)
-    wide = process(*[tf.cast(t, tf.float32) for t in tensors], self.hparams)
-    if not rebuild.is_rebuildable(wide):
-      return tf.cast(wide, dtype)
-    return rebuild.rebuildable(tf.cast(wide, dtype), lambda t: tf.cast(t, dtype), wide)
+    return tf.cast(process(*[tf.cast(t, tf.float32) for t in tensors], self.hparams), dtype)
 
   def block(self, x, i, attend, memory_attend=None):
     """One residual block (in scope `<prefix>_layer_<i>`); see `layer_stack`."""
@@ -335,7 +269,7 @@ class RoutingTransformer(t2t_model.T2TModel):
   def stack(self, x, padding, causal, prefix, num_layers, memory=None, memory_padding=None):
     """Whole-sequence layers; returns (x [b, n, hidden], summed commitment losses)."""
     hparams = self.hparams
-    if self.is_train and hparams.get("recompute_layers", False):
+    if self.is_train and hparams.recompute_layers:
       return self.recomputed_stack(x, padding, causal, prefix, num_layers, memory,
                                    memory_padding)
     losses = []
@@ -354,7 +288,7 @@ class RoutingTransformer(t2t_model.T2TModel):
     x = self.layer_stack(x, prefix, num_layers, attend, memory_attend)
     return x, tf.add_n(losses)
 
-  def recomputed_stack(self, x, padding, causal, prefix, num_layers, memory=None,
+  def recomputed_stack(self, x, padding, causal, prefix, num_layers, memory_input=None,
                        memory_padding=None):
     """`stack` with every block recomputed in the backward pass (hparam recompute_layers).
 
@@ -372,159 +306,38 @@ class RoutingTransformer(t2t_model.T2TModel):
           % " and ".join(random + (["random_routing=False"] if hparams.random_routing else [])))
     losses = []
 
-    def attend(means, replay, found, heads_only=False, qkv=None):
-      """The self-attention of a block's forward call (replay=False) or of its replay."""
-      def apply(y, i):
-        out, loss, step = layers.self_attention(
-            y, hparams, i, padding, causal=causal, train=True,
-            read_centroids=lambda km: read_means(means, km, replay), heads_only=heads_only,
-            qkv=qkv)
-        if step is not None and not replay:
-          self._kmeans_steps.setdefault(step.km.means.name, []).append(step)
-        found["loss"] = tf.cast(loss, tf.float32)
-        return out
-      return apply
-
     def read_means(means, km, replay):
       if not replay:
         means[km.means.ref()] = tf.convert_to_tensor(km.means)
       return means[km.means.ref()]
 
-    def memory_attend(mem):
-      return lambda y, i: layers.encdec_attention(y, mem, hparams, memory_padding)
-
-    wide = x.dtype.base_dtype != tf.float32 and "n" in hparams.layer_postprocess_sequence
-    if hparams.norm_type == "layer" and not wide:
-      return self.recomputed_blocks(x, prefix, num_layers, memory, attend, memory_attend)
-
-    # T2T's norms, or low-precision activations whose post-norm reads a float32 residual sum
-    # (`in_float32`; keeping that sum would double the bytes of a checkpoint): each block whole,
-    # its postprocess included, keeping the block's (low-precision) input.
     def wrap(x, i):
+      """Block i, recomputed in the backward pass (`memory_lib.recompute`), keeping its input."""
       means = {}  # this block's centroid reads in the forward: variable ref -> tensor
 
       def run(x, *mem, replay=False):
         found = {"loss": tf.zeros([])}
-        y = self.block(x, i, attend(means, replay, found),
-                       memory_attend(mem[0]) if mem else None)
-        return y, found["loss"]
 
-      y, loss = recompute.recompute_block(run, [x] + ([memory] if memory is not None else []),
-                                          lambda: means)
+        def attend(y, i):
+          out, loss, step = layers.self_attention(
+              y, hparams, i, padding, causal=causal, train=True,
+              read_centroids=lambda km: read_means(means, km, replay))
+          if step is not None and not replay:
+            self._kmeans_steps.setdefault(step.km.means.name, []).append(step)
+          found["loss"] = tf.cast(loss, tf.float32)
+          return out
+
+        memory_attend = (lambda y, i: layers.encdec_attention(y, mem[0], hparams,
+                                                              memory_padding)) if mem else None
+        return self.block(x, i, attend, memory_attend), found["loss"]
+
+      inputs = [x] + ([memory_input] if memory_input is not None else [])
+      y, loss = memory_lib.recompute(run, inputs, lambda: means)
       losses.append(loss)
       return y
 
     x = self.layer_stack(x, prefix, num_layers, None, None, wrap=wrap)
     return x, tf.add_n(losses)
-
-  def recomputed_blocks(self, x, prefix, num_layers, memory, attend, memory_attend):
-    """`recomputed_stack` with the blocks cut at their residual sums: each recomputed unit
-    starts with the postprocess tail of the block before it (the post-norm, `residual_split`)
-    and ends with its FFN's postprocess head (the residual add), and keeps only its input, that
-    sum. The replay then stops where the backward pass stops needing values: at the FFN's x W1,
-    x W2 (its W3 product and the post-norm after it are not re-run; the next unit keeps the sum
-    the norm reads). With recompute_attention, whose backward pass re-runs the attention from q,
-    k, v anyway, and recompute_keep_heads, the self-attention's heads are a unit of their own,
-    from the sum to the heads' output [b, h, n, d] (before head_dense and output_transform),
-    which the block's unit keeps as its second input: neither replay then runs the attention
-    (one more [b, n, hidden] kept per block). With recompute_keep_qkv instead, that unit ends
-    with the q, k, v projections (its replay needs no value of them: the post-norm runs again,
-    the projection matmuls do not) and the attention runs outside any unit, keeping q, k, v for
-    its own recomputation (up to three more [b, n, hidden] per block). The same variables,
-    values and gradients as `block`. For norm_type "layer" with float32 sums (float32
-    activations, or a postprocess without a norm).
-    Returns (x [b, n, hidden], summed commitment losses)."""
-    hparams = self.hparams
-    sequence = hparams.layer_postprocess_sequence
-    head, tail = residual_split(sequence)
-    names = ["self_attention"] + (["encdec_attention"] if memory is not None else []) + ["ffn"]
-    losses, before = [], None  # before: the scope of the last postprocess (its tail's variables)
-
-    def finish(r, scope, replay):
-      """The postprocess tail (in `scope`, where its variables live) of the sum r; with split,
-      both of a block's units normalise the same sum (the second reuses the variables)."""
-      if scope is None or not tail:
-        return r
-      with tf1.variable_scope(scope, reuse=True if replay else tf1.AUTO_REUSE,
-                              auxiliary_name_scope=False), tf.name_scope("post_norm"):
-        return prepostprocess_steps(None, r, tail, hparams)
-
-    # whether the replay needs the FFN's output values (a rezero "z" or a norm before the
-    # residual add): if not, x W1 and x W2 are needed only by its backward pass, whose chunks
-    # compute them (`layers.geglu_ffn`, keep_products=False)
-    values_needed = bool(set(head) - set("da"))
-    keep_qkv = bool(hparams.get("recompute_attention", False) and
-                    hparams.get("recompute_keep_qkv", False))
-    split = keep_qkv or bool(hparams.get("recompute_attention", False) and
-                             hparams.get("recompute_keep_heads", False))
-    layout = {}  # keep_qkv: which of the (routing, local) q, k, v exist
-
-    def projections_unit(r, replay, i, before):
-      """The sum r -> the self-attention's q, k, v (keep_qkv), the present ones as a tuple."""
-      with tf1.variable_scope("self_attention"):
-        kinds = layers.projections(self.preprocess(finish(r, before, replay)), hparams, i)
-      layout["kinds"] = [None if k is None else [t is not None for t in k] for k in kinds]
-      return tuple(t for k in kinds if k is not None for t in k if t is not None), tf.zeros([])
-
-    def unflatten(flat):
-      present = iter(flat)
-      return tuple(None if kind is None else tuple(next(present) if there else None
-                                                   for there in kind)
-                   for kind in layout["kinds"])
-
-    def heads_unit(r, replay, i, means, before):
-      """The sum r -> the self-attention heads' output (split)."""
-      found = {"loss": tf.zeros([])}
-      with tf1.variable_scope("self_attention"):
-        out = attend(means, replay, found, heads_only=True)(
-            self.preprocess(finish(r, before, replay)), i)
-      return out, found["loss"]
-
-    def unit(r, *rest, replay, i, means, before, scopes):
-      found = {"loss": tf.zeros([])}
-      heads, mem = (rest[0], rest[1:]) if split else (None, rest)
-      for j, name in enumerate(names):
-        x = finish(r, before, replay)
-        with tf1.variable_scope(name):
-          if name == "self_attention" and split:
-            y = layers.attention_output(heads, hparams)
-          elif name == "self_attention":
-            y = attend(means, replay, found)(self.preprocess(x), i)
-          elif name == "encdec_attention":
-            y = memory_attend(mem[0])(self.preprocess(x), i)
-          else:
-            y = layers.ffn(self.preprocess(x), hparams, True, keep_products=values_needed)
-        # the name T2T's default name gives the block's j-th postprocess
-        with tf1.variable_scope("layer_postprocess" + ("_%d" % j if j else "")) as scope:
-          scopes.setdefault(j, scope)  # the forward's (the replay reuses its variables)
-          r = prepostprocess_steps(x, y, head, hparams) if head else y
-        before = scope  # the next sublayer starts with this postprocess's tail
-      return r, found["loss"]
-
-    for i in range(num_layers):
-      means, scopes = {}, {}  # the block's centroid reads, postprocess scopes (forward)
-      with tf1.variable_scope("%s_layer_%d" % (prefix, i)), \
-          tf1.variable_scope("self_attention"):
-        heads = []
-        if keep_qkv:  # the attention runs outside any unit: its recomputation keeps q, k, v
-          flat, _ = recompute.recompute_block(
-              functools.partial(projections_unit, i=i, before=before), [x])
-          found = {"loss": tf.zeros([])}
-          with tf1.variable_scope("self_attention"):
-            heads = [attend(means, False, found, heads_only=True, qkv=unflatten(flat))(None, i)]
-          losses.append(found["loss"])
-        elif split:
-          out, loss = recompute.recompute_block(
-              functools.partial(heads_unit, i=i, means=means, before=before), [x],
-              lambda means=means: means)
-          heads = [out]
-          losses.append(loss)
-        run = functools.partial(unit, i=i, means=means, before=before, scopes=scopes)
-        x, loss = recompute.recompute_block(
-            run, [x] + heads + ([memory] if memory is not None else []), lambda means=means: means)
-      losses.append(loss)
-      before = scopes[len(names) - 1]
-    return self.preprocess(finish(x, before, False)), tf.add_n(losses)
 
   def output_layer(self, x):
     """The output projection's input and variables: x [b, n, hidden] -> (x [b, n, e] after
@@ -541,7 +354,7 @@ class RoutingTransformer(t2t_model.T2TModel):
 
   def logits(self, x):
     """[b, n, hidden] -> [b, n, vocab]: [final_dense_1 when dims differ], final_dense_2."""
-    return chunked_loss.project(*self.output_layer(x))
+    return memory_lib.project(*self.output_layer(x))
 
   def loss_weights_fn(self):
     """T2T's per-token weights function of the targets (hparams.weights_fn or the modality's)."""
@@ -585,7 +398,7 @@ class RoutingTransformer(t2t_model.T2TModel):
   def chunked_training_loss(self, x, kernel, bias, targets):
     """T2T's training loss (num, den) of targets [b, n] (0 = padding) from the output layer
     (x [b, n, e], kernel, bias of `output_layer`), `logits_chunk_size` positions at a time
-    (core/chunked_loss.py): the sum over the positions of weights_nonzero(targets) x T2T's
+    (`memory_lib.chunked_loss`): the sum over the positions of weights_nonzero(targets) x T2T's
     smoothing cross-entropy (label_smoothing as in T2T's loss) times the problem's
     loss_multiplier, and the sum of the weights."""
     hparams = self.hparams
@@ -596,7 +409,7 @@ class RoutingTransformer(t2t_model.T2TModel):
       return common_layers.smoothing_cross_entropy(logits, labels, logits.shape[-1], confidence)
 
     weights = common_layers.weights_nonzero(targets)
-    num = chunked_loss.chunked_loss(x, kernel, bias, targets, weights,
+    num = memory_lib.chunked_loss(x, kernel, bias, targets, weights,
                                     hparams.logits_chunk_size, xent)
     return num * self._problem_hparams.loss_multiplier, tf.reduce_sum(weights)
 
@@ -645,12 +458,12 @@ class RoutingTransformer(t2t_model.T2TModel):
     x, loss = self.stack(x, padding, True, "decoder", hparams.num_decoder_layers, memory,
                          memory_padding)
     losses = {"extra_loss": loss + extra}
-    if self.is_train and hparams.get("logits_chunk_size", 0):
+    if self.is_train and hparams.logits_chunk_size:
       # T2T then skips its top and loss; the logits are computed only if something fetches them.
       self.check_chunked_loss(features)
       output = self.output_layer(x)
       losses["training"] = self.chunked_training_loss(*output, ids)
-      logits = chunked_loss.project(*output)
+      logits = memory_lib.project(*output)
     elif self.is_train and not self.plain_loss_problems(features):
       # T2T's loss pads the targets with 0 (weight 0) to the logits' length: no slice (whose
       # gradient would copy the [b, n, vocab] gradient into a new tensor).
@@ -664,7 +477,7 @@ class RoutingTransformer(t2t_model.T2TModel):
   def infer(self, features=None, decode_length=50, beam_size=1, top_beams=1, alpha=0.0,
             use_tpu=False):
     """Cached incremental decoding (`routing_transformer.core.decoding`) unless fast_decode=False."""
-    if not self.hparams.get("fast_decode", True):
+    if not self.hparams.fast_decode:
       return super(RoutingTransformer, self).infer(features, decode_length, beam_size,
                                                    top_beams, alpha, use_tpu)
     from routing_transformer.core import decoding  # pylint: disable=g-import-not-at-top
@@ -719,7 +532,7 @@ class RoutingTransformer(t2t_model.T2TModel):
     statistics summed across TPU replicas; TRAIN summaries of its occupancy and routing."""
     on_tpu = common_layers.is_xla_compiled()
     # Re-seeding values come from the first shard's queries (off on TPU: see docs).
-    reseed = self.hparams.get("reseed_dead_clusters", False) and not on_tpu
+    reseed = self.hparams.reseed_dead_clusters and not on_tpu
     op, counts = kmeans.shard_update(steps, cross_replica_sum if on_tpu else None, reseed)
     if common_layers.should_generate_summaries():
       name = steps[0].km.means.name.split("/body/")[-1].replace("/means:0", "")

@@ -6,9 +6,7 @@ from routing_transformer.core.attention.causal_window import causal_window_atten
 from routing_transformer.core.attention.common import layer_norm_no_scale
 from routing_transformer.core.attention.full import full_attention
 from routing_transformer.core.attention.local import local_attention
-# routing_attention: the paper's routing (routing.routing_attention) plus the switch
-# legacy_causal_key_routing for the original release's checkpoints (legacy.py).
-from routing_transformer.core.attention.legacy import routing_attention
+from routing_transformer.core.attention.routing import routing_attention
 
 __all__ = ["causal_window_attention", "full_attention", "layer_norm_no_scale", "local_attention",
            "routing_attention"]

@@ -5,7 +5,7 @@ positions j <= i of that cluster, itself included: strictly causal, so cached de
 Positions are sorted by (cluster, position); query s then attends to sorted indices (s - w, s]
 of its cluster: blocks of w with one block of look-back (2w keys), masked to the same cluster,
 then un-sorted. Cost O(n w d). A query's slot in its block depends on later positions, so its
-output must not depend on the slot: the softmax sums in key order (`common.ordered_softmax`;
+output must not depend on the slot: the softmax sums in key order (`common.masked_softmax`, ordered;
 a vectorised sum moved earlier outputs by ~1e-6) over 2w keys (blocks of w / 2 are not exact).
 Logits are unscaled q_hat . k_hat; relative positions use the distance in the cluster's order.
 """
@@ -97,7 +97,7 @@ def causal_window_attention(q, k, v, centroids, window, share_qk=True, padding=N
   logits = common.scale_logits(logits, logit_scale)
   if exclude_self:  # the query's own slot is at sorted distance 0
     allowed = common.exclude_self(allowed, tf.equal(distance, 0))
-  probs = common.ordered_softmax(logits, allowed)  # the same in every slot of a block
+  probs = common.masked_softmax(logits, allowed, ordered=True)  # the same in every slot of a block
   dropped = common.attention_dropout(probs, dropout_rate)
   if pad is not None:  # a query whose allowed keys are all padding gets 0
     dropped = common.zero_empty_rows(dropped, allowed)

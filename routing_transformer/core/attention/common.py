@@ -1,19 +1,12 @@
-"""Small pieces shared by the attention kinds: normalisation, masking, argument checks.
-
-Shapes use b = batch, h = heads, n = length, d = depth per head.
-"""
+"""Pieces shared by the attention kinds: normalisation, the masked softmax, dropout, Shaw
+relative positions, argument checks. b = batch, h = heads, n = length, d = depth per head."""
 import tensorflow as tf
 
-from routing_transformer.core import norm
-from routing_transformer.core import rebuild
-from routing_transformer.core import slicing
+from routing_transformer.core import kmeans
 
 
-# LayerNorm without scale, routing's normalisation; defined in core/norm.py, which the k-means
-# imports without importing this package.
-layer_norm_no_scale = norm.layer_norm_no_scale
-compute_dtype = norm.compute_dtype
-slice_axis = slicing.slice_axis  # x[..., start:start + size, ...] along an axis, as tf.slice
+layer_norm_no_scale = kmeans.layer_norm_no_scale  # routing's normalisation
+compute_dtype = kmeans.compute_dtype
 
 
 def mask_value(dtype):
@@ -22,118 +15,38 @@ def mask_value(dtype):
   return tf.constant(-0.7 * dtype.max, dtype=dtype)
 
 
-def masked_softmax(logits, allowed, zero_empty=False):
-  """Softmax over the last axis restricted to `allowed` (masked entries get probability 0).
-
-  A row with nothing allowed comes out uniform, or 0 with `zero_empty` (what callers that can
-  produce such rows, only with padding, ask for: `zero_empty_rows` of the probabilities). The
-  backward pass keeps only the probabilities and the mask and builds one [..., m] select
-  (`kept_output_softmax`).
-
-  Low-precision logits (bfloat16, float16: hparam `activation_dtype`) are masked and normalised
-  in float32 (`float32_softmax`); the probabilities come back in the logits' dtype.
-
-  Args:
-    logits: [..., m] float tensor.
-    allowed: bool tensor broadcastable to logits.
-    zero_empty: Python bool.
-  Returns:
-    [..., m] probabilities of the logits' dtype.
-  """
-  return kept_output_softmax(logits, allowed, zero_empty)
+def slice_axis(x, axis, start, size):
+  """x[..., start:start + size, ...] along `axis`, as tf.slice."""
+  rank = x.shape.rank
+  axis %= rank
+  begin, sizes = [0] * rank, [-1] * rank
+  begin[axis], sizes[axis] = start, size
+  return tf.slice(x, begin, sizes)
 
 
-def float32_softmax(logits, allowed):
-  """`masked_softmax` of low-precision logits computed in float32, the probabilities rounded
-  back to the logits' dtype (`kept_output_softmax`)."""
-  return kept_output_softmax(logits, allowed)
-
-
-def _softmax_gradient(p, dp, allowed=None):
-  """TF's softmax gradient p (dp - sum(dp p)) of probabilities p [..., m] under dp, 0 where not
-  `allowed` when given (as through a masking `where`, also in a row with nothing allowed, which
-  the softmax makes uniform)."""
-  dx = p * (dp - tf.reduce_sum(dp * p, axis=-1, keepdims=True))
-  return dx if allowed is None else tf.where(allowed, dx, tf.zeros([], dx.dtype))
-
-
-def kept_output_softmax(logits, allowed, zero_empty=False):
-  """`masked_softmax` whose backward pass keeps only its output p (in the logits' dtype) and
-  the mask, and computes dlogits = p (dp - sum(dp p)) (TF's softmax gradient), 0 where masked
-  (as through the masking `where`; p is 0 there except in a row with nothing allowed), in
-  float32 for low-precision logits (no float32 copy kept). The masking `where`'s own gradient is
-  not built: under T2T's gated gradients (`gate_gradients=GATE_OP`) it also computed the mask
-  value's [..., m] gradient. With `zero_empty` the rows with nothing allowed
-  are 0 in p (`zero_empty_rows`): their gradient is 0, as through the zeroing's product, and
-  neither the uniform rows' probabilities nor a second [..., m] tensor is kept.
-
-  Args:
-    logits: [..., m] float tensor.
-    allowed: bool tensor broadcastable to logits.
-    zero_empty: Python bool.
-  Returns:
-    [..., m] probabilities of the logits' dtype.
+def masked_softmax(logits, allowed, zero_empty=False, ordered=False):
+  """Softmax [..., m] of logits over the last axis where `allowed` (else 0), in float32 for
+  low-precision logits, returned in their dtype. zero_empty: rows with nothing allowed are 0,
+  not uniform; ordered: the denominator a cumulative sum in key order, so a row's values are the
+  same bits wherever its entries sit (causal_window's cached and whole outputs agree).
   """
   dtype = logits.dtype.base_dtype
-  wide = tf.float32 if dtype in norm.LOW_PRECISION else dtype
-
-  @tf.custom_gradient
-  def softmax(x):
-    probs = tf.nn.softmax(tf.where(allowed, tf.cast(x, wide), mask_value(wide)))
-    if zero_empty:
-      probs = zero_empty_rows(probs, allowed)
-    probs = tf.cast(probs, dtype)
-
-    def grad(dprobs):
-      # a low-precision output's widened copy: made in the backward pass, not kept from before
-      p, dp = tf.cast(rebuild.after(dprobs, probs)[0], wide), tf.cast(dprobs, wide)
-      # with zero_empty p is 0 wherever masked; else a uniform row's masked entries need the mask
-      return tf.cast(_softmax_gradient(p, dp, None if zero_empty else allowed), dtype)
-
-    return probs, grad
-
-  return softmax(logits)
-
-
-def ordered_softmax(logits, allowed):
-  """`masked_softmax` whose denominator adds each row in key order (the last entry of a
-  cumulative sum, a sequential scan), not in the order of a vectorised reduction: a row's
-  probabilities are then bit for bit the same wherever its allowed entries sit in the row (the
-  masked entries add exact zeros), which a reduction over SIMD lanes and accumulators does not
-  give once a row spans several packets (causal_window at w >= 32 on AVX2). The row maximum is
-  exact in any order and carries no gradient (the softmax does not depend on it). The backward
-  pass is the softmax's, p (dp - sum(dp p)), masked entries 0, and keeps only the output: the
-  division's own gradient read e, the sum and -e / sum^2, the last computed before the incoming
-  gradient existed, so the executor ran it in the forward pass and kept it until the backward.
-
-  Args and returns as `masked_softmax`.
-  """
-  @tf.custom_gradient
-  def softmax(logits):
-    x = tf.where(allowed, logits, mask_value(logits.dtype))
-    e = tf.exp(x - tf.reduce_max(x, axis=-1, keepdims=True))
+  x = tf.where(allowed, tf.cast(logits, compute_dtype(dtype)),
+               mask_value(compute_dtype(dtype)))
+  if ordered:
+    e = tf.exp(x - tf.stop_gradient(tf.reduce_max(x, axis=-1, keepdims=True)))
     last = e.shape.rank - 1
-    total = slice_axis(tf.cumsum(e, axis=last), last, e.shape[-1] - 1, 1)  # [..., 1]
-    probs = e / total
-
-    return probs, lambda dprobs: _softmax_gradient(probs, dprobs, allowed)
-
-  return softmax(logits)
+    probs = e / slice_axis(tf.cumsum(e, axis=last), last, e.shape[-1] - 1, 1)
+  else:
+    probs = tf.nn.softmax(x)
+  if zero_empty:
+    probs = zero_empty_rows(probs, allowed)
+  return tf.cast(probs, dtype)
 
 
 def attention_dropout(probs, rate):
-  """Attention dropout on the softmax weights (hparam `attention_dropout`, TRAIN mode only).
-
-  Each weight is zeroed with probability `rate` and the others are scaled by 1 / (1 - rate),
-  before the products with the values and with the relative-value table, as the original release
-  (utils.py `dot_product_attention`, `dot_product_attention_relative`) and T2T do.
-
-  Args:
-    probs: [..., m] attention weights.
-    rate: Python float in [0, 1); 0 returns `probs` itself.
-  Returns:
-    [..., m].
-  """
+  """Dropout of the attention weights probs [..., m] at `rate` in [0, 1) (hparam
+  `attention_dropout`, TRAIN only), before the value products, as the original release and T2T."""
   if not rate:
     return probs
   if not 0.0 < rate < 1.0:
@@ -143,42 +56,10 @@ def attention_dropout(probs, rate):
 
 
 def exclude_self(allowed, is_self):
-  """`allowed` without each query's own position where the row allows another key.
-
-  Shared-QK attention (Reformer's LSH attention does the same): a normalised query's logit with
-  itself is the largest possible, so a routing head would mostly attend to its own position; a
-  query attends to itself only when nothing else is allowed.
-
-  Args:
-    allowed: bool [..., q, m].
-    is_self: bool broadcastable to allowed, True where key m is query q's own position.
-  Returns:
-    bool [..., q, m].
-  """
+  """allowed bool [..., q, m] without each query's own position (is_self) where the row allows
+  another key: with shared QK a query's logit with itself is the largest (as Reformer does)."""
   others = tf.logical_and(allowed, tf.logical_not(is_self))
   return tf.where(tf.reduce_any(others, axis=-1, keepdims=True), others, allowed)
-
-
-def times_constant(x, factor):
-  """x * factor for a Python number `factor`; 1 returns x itself. The gradient is dy * factor
-  only: TF's Mul gradient also computes the factor's, sum(x dy), which an optimizer's
-  gate_gradients=GATE_OP (T2T's) runs, so the plain product keeps x for the backward pass.
-
-  Args:
-    x: float tensor; factor: Python int or float (anything else: the plain product).
-  Returns:
-    x * factor, the same values as the plain product.
-  """
-  if not isinstance(factor, (int, float)) or isinstance(factor, bool):
-    return x * factor
-  if factor == 1:
-    return x
-
-  @tf.custom_gradient
-  def product(t):
-    return t * factor, lambda dy: dy * factor
-
-  return product(x)
 
 
 def scale_logits(logits, scale):
@@ -192,27 +73,14 @@ def scale_logits(logits, scale):
 
 
 def zero_empty_rows(x, allowed):
-  """Sets x[..., i, :] to 0 where row i of `allowed` ([..., q, m]) has no allowed key.
-
-  Applied (through `masked_softmax(..., zero_empty=True)`) to the probabilities (where a row with nothing allowed comes out uniform) before the
-  value and relative-value products: with causal relative values, `unskew` would carry such a
-  row's weights on keys after its query into the distances of the next rows."""
+  """x[..., i, :] set to 0 where row i of `allowed` [..., q, m] allows no key (the uniform rows
+  of a softmax: `unskew` would carry them into the next rows' distances)."""
   return x * tf.cast(tf.reduce_any(allowed, axis=-1, keepdims=True), x.dtype)
 
 
 def relative_embeddings(table, query_offsets, key_offsets):
-  """Gathers Shaw et al. (2018) relative position embeddings for a static pattern.
-
-  The distance is key_offset - query_offset clipped to [-R, R], where the table has 2R + 1 rows
-  (row R is distance 0).
-
-  Args:
-    table: [2R + 1, d] embeddings.
-    query_offsets: int [q] positions of the queries (any common origin).
-    key_offsets: int [m] positions of the keys (same origin).
-  Returns:
-    [q, m, d] embeddings.
-  """
+  """Shaw et al. (2018) embeddings [q, m, d] of table [2R + 1, d] (row R: distance 0) for the
+  distances key_offsets [m] - query_offsets [q], clipped to [-R, R]."""
   rows = table.shape[0]
   radius = (rows - 1) // 2
   distance = key_offsets[tf.newaxis, :] - query_offsets[:, tf.newaxis]
@@ -221,14 +89,7 @@ def relative_embeddings(table, query_offsets, key_offsets):
 
 
 def relative_distance_rows(table, first_distance, num_distances):
-  """Rows of a Shaw table for the consecutive distances first_distance + u, u < num_distances.
-
-  Distances are clipped to [-R, R] (the table has 2R + 1 rows, row R is distance 0). A plain
-  slice when no distance is clipped, else a gather of the small [2R + 1, d] table.
-
-  Returns:
-    [num_distances, d].
-  """
+  """Rows [num_distances, d] of a Shaw table for the distances first_distance + u, clipped."""
   radius = (table.shape[0] - 1) // 2
   last = first_distance + num_distances - 1
   if -radius <= first_distance and last <= radius:
@@ -252,16 +113,9 @@ def _check_span(what, u, keys, queries):
 
 
 def skew(rel, num_keys):
-  """Distance-indexed logits to key-indexed logits (Music Transformer "skewing", no gather).
-
-  Args:
-    rel: [..., q, u]: rel[i, t] belongs to distance index t = j - i + q - 1 of query i and
-      key j; u = num_keys + q - 1 covers every (i, j), and any num_keys + 1 <= u covers the
-      pairs with t < u (the others read entries of the next row: callers mask them).
-    num_keys: k.
-  Returns:
-    [..., q, k] with out[i, j] = rel[i, j - i + q - 1] where j - i + q - 1 < u.
-  """
+  """Music Transformer "skewing": distance-indexed rel [..., q, u] (t = j - i + q - 1) ->
+  key-indexed [..., q, k], out[i, j] = rel[i, j - i + q - 1] where that is < u (u >= k + 1;
+  other entries read the next row: callers mask them)."""
   q, u = rel.shape[-2], rel.shape[-1]
   _check_span("skew: last axis", u, num_keys, q)
   if q == 1:
@@ -303,22 +157,9 @@ def _distance_rows(table, query_start, num_queries, key_start, num_keys, causal,
 
 
 def relative_logits(x, table, query_start, key_start, num_keys, causal=False):
-  """Shaw relative logits x_i . table[clip(key_j - query_i)] for consecutive offsets.
-
-  Equal to einsum("...qd,qkd->...qk", x, relative_embeddings(table, query_start + range(q),
-  key_start + range(k))), computed as x . rows over the distinct distances (one matmul)
-  followed by `skew`, without the [q, k, d] table. With causal=True only the entries with
-  key offset <= query offset are computed (the others hold other finite values: mask them).
-
-  Args:
-    x: [..., q, d] queries.
-    table: [2R + 1, d].
-    query_start, key_start: Python ints, offsets of the first query and key (common origin).
-    num_keys: k.
-    causal: the caller masks keys after their query.
-  Returns:
-    [..., q, k].
-  """
+  """Shaw relative logits [..., q, k]: x [..., q, d] . table[clip(key_j - query_i)] for
+  consecutive offsets from query_start, key_start, as one matmul with the distinct distances'
+  rows and a `skew`; with causal only keys up to their query are right (mask the others)."""
   num_queries = x.shape[-2]
   rows = _distance_rows(table, query_start, num_queries, key_start, num_keys, causal, x.dtype)
   rel = tf.tensordot(x, rows, [[x.shape.rank - 1], [1]])  # [..., q, columns]
@@ -326,46 +167,12 @@ def relative_logits(x, table, query_start, key_start, num_keys, causal=False):
 
 
 def relative_outputs(probs, table, query_start, key_start, causal=False):
-  """Shaw relative value term sum_j probs_ij table[clip(key_j - query_i)] for consecutive offsets.
-
-  Equal to einsum("...qk,qkd->...qd", probs, relative_embeddings(...)), computed as `unskew`
-  (probabilities summed per distance) times the rows of the distinct distances. With
-  causal=True, probs must be 0 for keys after their query (masked).
-
-  Args:
-    probs: [..., q, k].
-    table: [2R + 1, d].
-    query_start, key_start: Python ints, as in `relative_logits`.
-    causal: as in `relative_logits`.
-  Returns:
-    [..., q, d].
-  """
+  """Shaw relative value term [..., q, d]: sum_j probs_ij table[clip(key_j - query_i)] of probs
+  [..., q, k], as `unskew` times the distinct distances' rows (causal: probs 0 after the query)."""
   num_queries, num_keys = probs.shape[-2], probs.shape[-1]
   rows = _distance_rows(table, query_start, num_queries, key_start, num_keys, causal,
                         probs.dtype)
-  return _distance_weighted_rows(probs, rows)
-
-
-@tf.custom_gradient
-def _distance_weighted_rows(probs, rows):
-  """unskew(probs) . rows; the backward pass recomputes unskew(probs) (a pad and a reshape)
-  instead of keeping the [..., q, q + k - 1] per-distance weights alive from the forward pass
-  (probs itself is kept anyway by the softmax and the value matmul). The recomputation waits
-  for the incoming gradient: without that wait nothing orders it after the forward pass, and
-  the executor ran it early, keeping every layer's per-distance weights alive until the
-  backward pass."""
-  num_keys, num_distances = probs.shape[-1], rows.shape[0]
-  axis = probs.shape.rank - 1
-  out = tf.tensordot(unskew(probs, num_distances), rows, [[axis], [0]])
-
-  def grad(dout):
-    dprobs = skew(tf.tensordot(dout, rows, [[axis], [1]]), num_keys)
-    per_distance = tf.reshape(unskew(rebuild.after(dout, probs)[0], num_distances),
-                              [-1, num_distances])
-    drows = tf.matmul(per_distance, tf.reshape(dout, [-1, rows.shape[1]]), transpose_a=True)
-    return dprobs, drows
-
-  return out, grad
+  return tf.tensordot(unskew(probs, rows.shape[0]), rows, [[probs.shape.rank - 1], [0]])
 
 
 def check_qkv(q, k, v, name):
@@ -398,11 +205,7 @@ def optional_tensors(*values):
 
 
 def self_attention_inputs(q, k, v, relative_keys, relative_values, name):
-  """Converts and validates self-attention inputs ([b, h, n, d], equal lengths, tables).
-
-  Returns:
-    (q, k, v, relative_keys, relative_values, heads, length, depth).
-  """
+  """Validated (q, k, v, relative_keys, relative_values, heads, length, depth)."""
   q, k, v = (tf.convert_to_tensor(x) for x in (q, k, v))
   relative_keys, relative_values = optional_tensors(relative_keys, relative_values)
   _, heads, n, depth = check_qkv(q, k, v, name)

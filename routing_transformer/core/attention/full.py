@@ -17,7 +17,7 @@ def full_attention(q, k, v, causal=True, padding=None, scale=None, dropout_rate=
                      % (m, n))
   if scale is None:
     scale = depth ** -0.5
-  logits = tf.einsum("bhqd,bhkd->bhqk", common.times_constant(q, scale), k)
+  logits = tf.einsum("bhqd,bhkd->bhqk", q * scale, k)
   allowed = tf.ones([1, 1, 1, m], tf.bool)
   if causal:
     allowed = (tf.range(n)[:, tf.newaxis] >= tf.range(m)[tf.newaxis, :])[tf.newaxis, tf.newaxis]
@@ -61,7 +61,7 @@ def causal_full_attention(q, k, v, relative_keys=None, relative_values=None, pad
   band_keys, band_values = shift(relative_keys), shift(relative_values)
   pad = common.key_padding(padding, None, n, name)
   keep = None if pad is None else tf.logical_not(pad)[:, tf.newaxis, tf.newaxis, :]  # [b,1,1,n]
-  q_blocks = tf.split(common.times_constant(q, scale), n // block, axis=2)
+  q_blocks = tf.split(q * scale, n // block, axis=2)
   outputs = []
   for t, q_t in enumerate(q_blocks):
     start = max(t - 1, 0) * block  # the band's first key

@@ -5,7 +5,7 @@ import tensorflow as tf
 
 from routing_transformer.core.attention import common
 from routing_transformer.core.attention import full
-from routing_transformer.core import rebuild
+from routing_transformer.core import memory
 
 
 def check_blocks(length, block_length, flange, name):
@@ -53,7 +53,7 @@ def memory_product(a, x, block_length, before, after, adjoint_b=False):
     def grad(dout):
       with tf.GradientTape() as tape:
         tape.watch([a, x])
-        again = product(a, rebuild.after(dout, x)[0])  # the blocks, in the backward pass
+        again = product(a, memory.after(dout, x)[0])  # the blocks, in the backward pass
       return tape.gradient(again, [a, x], output_gradients=dout)
 
     return product(a, x), grad
@@ -86,7 +86,7 @@ def local_attention(q, k, v, block_length, flange, causal=True, relative_keys=No
   before = flange // block_length
   after = 0 if causal else before
 
-  q_blocks = tf.reshape(common.times_constant(q, scale), [-1, heads, num_blocks, block_length,
+  q_blocks = tf.reshape(q * scale, [-1, heads, num_blocks, block_length,
                                                           depth])
   # [b, h, nb, bq, W]
   logits = memory_product(q_blocks, k, block_length, before, after, adjoint_b=True)

@@ -1,49 +1,51 @@
-"""Routing attention (Algorithm 1 of Roy et al., 2021): attention inside balanced k-means clusters.
+"""Routing attention (Roy et al., TACL 2021, Algorithm 1): attention inside balanced k-means
+clusters, in the size of lucidrains' `KmeansAttention`.
 
-For routing heads with q, k, v of shape [b, h, n, d] and centroids mu of shape [h, c, d]:
-normalise q and k (LayerNorm without scale), score every position against every centroid, let each
-centroid c take the `window` = w best positions (sorted back into sequence order), attend inside
-each w x w cluster block (causal triangle in causal mode, unscaled logits), and scatter the cluster
-outputs back, dividing by how many clusters each position is in (+ 1e-2).
-Cost O(n c d + c w^2 d); with c = n / w and w ~ sqrt(n) this is O(n^1.5 d).
-
-`routing_attention` is those steps in order: `normalised_inputs` (1), `route` (2, 3: assignments,
-commitment loss, members), `cluster_attention` (4 to 7). The original release's causal rule with
-separate keys, which only its checkpoints need, is `legacy.causal_key_routing_attention`.
-With recompute=True (hparam `recompute_attention`) the normalisation, the commitment loss and
-steps 4 to 7 keep only q, k, v for the backward pass and run again there (`recomputed_routing`).
+Routing heads q, k, v [b, h, n, d], centroids mu [h, c, d]: (1) normalise q and k (LayerNorm
+without scale); (2) assign each to its best centroid (commitment loss); (3) each centroid takes
+its `window` = w best positions, in sequence order; (4-6) attend inside each w x w cluster block
+(causal triangle, unscaled logits); (7) scatter back, divided by each position's cluster count
+(+ 1e-2). Cost O(n c d + c w^2 d), O(n^1.5 d) with c = n / w, w ~ sqrt(n).
 """
+import collections
+
 import tensorflow as tf
 
 from routing_transformer.core import kmeans
-from routing_transformer.core import recompute as recompute_lib
 from routing_transformer.core.attention import common
 
 COUNT_EPSILON = 1e-2
 
+_FIELDS = ("q_hat", "k_hat", "weights", "query_clusters", "key_clusters", "query_indices",
+           "key_indices", "commitment_loss", "member_count", "self_weight")
+
+
+class Routed(collections.namedtuple("Routed", _FIELDS, defaults=(None,) * len(_FIELDS))):
+  """What routing decided and measured (the k-means step reads it).
+
+  q_hat, k_hat: [b, h, n, d] normalised queries, keys (the same tensor with share_qk);
+  weights: [b, n] 1 for real positions, 0 for padding; query_clusters, key_clusters: int32
+  [b, h, n] argmax centroids (key_clusters None with share_qk); query_indices, key_indices: int32
+  [b, h, c, w] cluster members; commitment_loss: float32 scalar; member_count, self_weight:
+  [b, h, n] diagnostics (`routing_statistics`). Also read as `routed["q_hat"]`.
+  """
+  __slots__ = ()
+
+  def __getitem__(self, key):
+    return getattr(self, key) if isinstance(key, str) else super().__getitem__(key)
+
+  def __contains__(self, key):
+    return getattr(self, key, None) is not None
+
 
 def centroid_scores(x_hat, centroids):
-  """Dot products of normalised vectors with centroids.
-
-  Args:
-    x_hat: [b, h, n, d].
-    centroids: [h, c, d].
-  Returns:
-    [b, h, c, n] scores mu_c . x_i.
-  """
+  """Scores mu_c . x_i [b, h, c, n] of x_hat [b, h, n, d] and centroids [h, c, d]."""
   return tf.einsum("hcd,bhnd->bhcn", tf.cast(centroids, x_hat.dtype), x_hat)
 
 
 def top_window(scores, window, padding=None):
-  """Balanced cluster membership: the `window` best positions per centroid, in sequence order.
-
-  Args:
-    scores: [b, h, c, n].
-    window: w, members per cluster (w <= n).
-    padding: optional bool [b, n]; padding positions lose every tie with real positions.
-  Returns:
-    int32 [b, h, c, w], ascending along the last axis.
-  """
+  """The `window` best positions per centroid of scores [b, h, c, n], ascending: int32
+  [b, h, c, w]; padding (optional bool [b, n]) loses every tie with real positions."""
   if padding is not None:
     scores = tf.where(padding[:, tf.newaxis, tf.newaxis, :], common.mask_value(scores.dtype),
                       scores)
@@ -52,27 +54,13 @@ def top_window(scores, window, padding=None):
 
 
 def gather_clusters(x, indices):
-  """Gathers cluster members.
-
-  Args:
-    x: [b, h, n, ...].
-    indices: int32 [b, h, c, w].
-  Returns:
-    [b, h, c, w, ...].
-  """
+  """Cluster members [b, h, c, w, ...] of x [b, h, n, ...] at indices int32 [b, h, c, w]."""
   return tf.gather(x, indices, axis=2, batch_dims=2)
 
 
 def scatter_clusters(values, indices, length):
-  """Sums cluster outputs back onto their positions (the transpose of `gather_clusters`).
-
-  Args:
-    values: [b, h, c, w, d].
-    indices: int32 [b, h, c, w] positions in [0, length).
-    length: n.
-  Returns:
-    [b, h, n, d]: out[i] = sum of values at the (c, w) slots whose index is i.
-  """
+  """The transpose of `gather_clusters`: values [b, h, c, w, d] summed onto their positions
+  indices [b, h, c, w] of `length`: [b, h, n, d]."""
   shape = tf.shape(values)
   batch, heads, depth = shape[0], shape[1], shape[4]
   offsets = tf.reshape(tf.range(batch * heads) * length, [batch, heads, 1, 1])
@@ -82,19 +70,11 @@ def scatter_clusters(values, indices, length):
   return tf.reshape(summed, [batch, heads, length, values.shape[4]])
 
 
-
-
-
-
 def position_weights(padding, batch, length, dtype=tf.float32):
   """[b, n] weights: 1 for real positions, 0 for padding (all ones without padding)."""
   if padding is None:
     return tf.ones([batch, length], dtype)
   return 1.0 - tf.cast(padding, dtype)
-
-
-
-
 
 
 def check_routing(length, depth, centroids, window, name):
@@ -111,16 +91,8 @@ def check_routing(length, depth, centroids, window, name):
 
 def normalised_inputs(q, k, v, centroids, window, share_qk, padding, relative_keys,
                       relative_values, name):
-  """Validated routing inputs, queries and keys normalised (step 1).
-
-  q_hat and k_hat are in `common.compute_dtype` of q's dtype (float32 for bfloat16 q: the
-  centroid scores, the k-means statistics and losses and the cluster attention are computed
-  in float32); v keeps its dtype.
-
-  Returns:
-    (q_hat, k_hat [b, h, n, d] (the same tensor with share_qk), v, stop_gradient(centroids)
-    [h, c, d], padding bool [b, n] or None, relative_keys, relative_values).
-  """
+  """Step 1, validated: (q_hat, k_hat [b, h, n, d] in `compute_dtype` (one tensor with
+  share_qk), v, stop_gradient(centroids) [h, c, d], padding bool [b, n] or None, tables)."""
   q, k, v, relative_keys, relative_values, _, n, depth = common.self_attention_inputs(
       q, k, v, relative_keys, relative_values, name)
   centroids = tf.convert_to_tensor(centroids)
@@ -134,21 +106,9 @@ def normalised_inputs(q, k, v, centroids, window, share_qk, padding, relative_ke
 
 
 def padding_roles(padding, causal, as_original=False):
-  """What padding does in routing: (key mask, member padding, k-means padding).
-
-  Ours (as_original=False): padding positions are masked as keys, lose every top-k tie with a
-  real position and carry no k-means statistics or commitment loss. The original release
-  (as_original=True, hparam `routing_padding_as_original`) routes them like real positions: they
-  compete for cluster slots and enter the k-means statistics and the commitment loss; its decoder
-  gives self-attention no padding mask (causal: no key mask), its encoder masks padding keys.
-
-  Args:
-    padding: bool [b, n] or None.
-    causal: decoder self-attention.
-    as_original: the original release's treatment.
-  Returns:
-    (key padding, member padding, k-means padding), each bool [b, n] or None.
-  """
+  """(key mask, member padding, k-means padding) of padding bool [b, n] or None: ours masks
+  padding everywhere; the original release (as_original, hparam `routing_padding_as_original`)
+  routes it like real positions and masks padding keys only in its encoder."""
   if not as_original:
     return padding, padding, padding
   return (None if causal else padding), None, None
@@ -162,75 +122,47 @@ def members(scores, window, padding=None, random_routing=False):
 
 
 def route(q_hat, k_hat, mu, window, share_qk, route_keys, member_padding=None, weights=None,
-          random_routing=False, with_loss=True):
-  """Assignments, commitment loss and balanced cluster members (steps 2 and 3).
+          random_routing=False):
+  """Steps 2 and 3: assignments, commitment loss and balanced cluster members -> Routed.
 
   Args:
-    q_hat, k_hat: [b, h, n, d] normalised queries and keys (one tensor with share_qk).
-    mu: [h, c, d] centroids (stop-gradient).
-    window: w, members per cluster.
-    share_qk: the keys are the queries.
-    route_keys: without share_qk, the keys of cluster c are the top-w positions of the keys' own
-      scores (non-causal attention); otherwise they are the query members.
-    member_padding: optional bool [b, n]; these positions lose every top-k tie.
-    weights: [b, n] k-means weight of each position (commitment loss, statistics); default 1.
+    q_hat, k_hat: [b, h, n, d] normalised queries and keys; mu: [h, c, d] (stop-gradient).
+    window: w; share_qk: the keys are the queries.
+    route_keys: without share_qk, the keys' members are their own top-w positions (non-causal
+      attention, or the original's causal rule); otherwise the query members.
+    member_padding: optional bool [b, n], positions that lose every top-k tie.
+    weights: [b, n] k-means weight of each position; default 1.
     random_routing: members drawn at random (the Random Transformer baseline).
-    with_loss: compute the commitment loss here (`recomputed_routing` computes it itself).
-  Returns:
-    aux dict: "q_hat", "k_hat", "weights", "query_clusters", "key_clusters" (without
-    share_qk), "commitment_loss" (with_loss), "query_indices", "key_indices" (see
-    `routing_attention`).
   """
   if weights is None:
     weights = position_weights(None, tf.shape(q_hat)[0], q_hat.shape[2])
   query_scores = centroid_scores(q_hat, mu)
-  aux = {"q_hat": q_hat, "k_hat": k_hat, "weights": weights,
-         "query_clusters": kmeans.assignments(query_scores)}
-  aux["query_indices"] = members(query_scores, window, member_padding, random_routing)
-  aux["key_indices"] = aux["query_indices"]
+  query_clusters = kmeans.assignments(query_scores)
+  query_indices = key_indices = members(query_scores, window, member_padding, random_routing)
+  key_clusters = None
+  loss = kmeans.commitment_loss(q_hat, mu, query_clusters, weights)
   if not share_qk:  # keys commit to (and, when routed, are routed by) their own centroids
     key_scores = centroid_scores(k_hat, mu)
-    aux["key_clusters"] = kmeans.assignments(key_scores)
+    key_clusters = kmeans.assignments(key_scores)
+    loss = 0.5 * (loss + kmeans.commitment_loss(k_hat, mu, key_clusters, weights))
     if route_keys:
-      aux["key_indices"] = members(key_scores, window, member_padding, random_routing)
-  if with_loss:
-    aux["commitment_loss"] = commitment(q_hat, k_hat, mu, aux, share_qk)
-  return aux
-
-
-def commitment(q_hat, k_hat, mu, aux, share_qk):
-  """The commitment loss of the queries (and, without share_qk, the mean with the keys') to
-  their assigned centroids (aux "query_clusters", "key_clusters"; weights aux "weights")."""
-  loss = kmeans.commitment_loss(q_hat, mu, aux["query_clusters"], aux["weights"])
-  if not share_qk:
-    loss = 0.5 * (loss + kmeans.commitment_loss(k_hat, mu, aux["key_clusters"], aux["weights"]))
-  return loss
+      key_indices = members(key_scores, window, member_padding, random_routing)
+  return Routed(q_hat, k_hat, weights, query_clusters, key_clusters, query_indices, key_indices,
+                loss)
 
 
 def cluster_attention(aux, v, window, causal, key_padding=None, relative_keys=None,
                       relative_values=None, exclude_self=False, logit_scale=None,
                       dropout_rate=0.0):
-  """Attention inside every cluster and the scatter back (steps 4 to 7).
-
-  Args:
-    aux: from `route`; gains the diagnostics "member_count" and "self_weight".
-    v: [b, h, n, d] values.
-    window: w.
-    causal: inside a cluster, key rank <= query rank (key position <= query position when the
-      key members are the query members).
-    key_padding: optional bool [b, n], masked as keys.
-    relative_keys, relative_values: optional [2R + 1, d] tables (rank distances).
-    exclude_self, logit_scale: the extensions of `routing_attention`.
-    dropout_rate: attention dropout on the weights (`common.attention_dropout`).
-  Returns:
-    (output [b, h, n, d] of v's dtype, aux). Logits, softmax, values and the scatter are
-    computed in q_hat's dtype (float32 when v is bfloat16).
+  """Steps 4 to 7: (output [b, h, n, d] of v's dtype, aux with member_count, self_weight) of
+  aux (`route`) and v [b, h, n, d], computed in q_hat's dtype; causal: key rank <= query rank;
+  key_padding: optional bool [b, n]; the other arguments as `routing_attention`'s.
   """
-  q_hat, query_indices, key_indices = aux["q_hat"], aux["query_indices"], aux["key_indices"]
+  q_hat, query_indices, key_indices = aux.q_hat, aux.query_indices, aux.key_indices
   n = q_hat.shape[2]
   q_c = gather_clusters(q_hat, query_indices)  # [b, h, c, w, d]
-  shared = aux["k_hat"] is q_hat and key_indices is query_indices  # share_qk: one gather
-  k_c = q_c if shared else gather_clusters(aux["k_hat"], key_indices)
+  shared = aux.k_hat is q_hat and key_indices is query_indices  # share_qk: one gather
+  k_c = q_c if shared else gather_clusters(aux.k_hat, key_indices)
   v_c = gather_clusters(tf.cast(v, q_hat.dtype), key_indices)
   logits = tf.matmul(q_c, k_c, transpose_b=True)  # [b, h, c, w, w]
   ranks = tf.range(window)
@@ -269,134 +201,54 @@ def cluster_attention(aux, v, window, causal, key_padding=None, relative_keys=No
     is_self = tf.cast(tf.equal(query_indices[..., :, tf.newaxis],
                                key_indices[..., tf.newaxis, :]), probs.dtype)
     self_probs = tf.reduce_sum(probs * is_self, axis=-1, keepdims=True)  # [b, h, c, w, 1]
-  aux["member_count"] = count[..., 0]
-  aux["self_weight"] = (scatter_clusters(self_probs, query_indices, n) /
-                        (count + COUNT_EPSILON))[..., 0]
+  self_weight = scatter_clusters(self_probs, query_indices, n) / (count + COUNT_EPSILON)
+  aux = aux._replace(member_count=count[..., 0], self_weight=self_weight[..., 0])
   return tf.cast(summed / (count + COUNT_EPSILON), v.dtype), aux
-
-
-def recomputed_routing(q, k, v, mu, aux, window, causal, share_qk, key_padding=None,
-                       relative_keys=None, relative_values=None, exclude_self=False,
-                       logit_scale=None):
-  """The normalisation, the commitment loss and `cluster_attention` (without dropout) as one
-  function of q, k, v, the tables and the logit scale that keeps only them for the backward pass
-  and re-runs there once the output's gradient has arrived (`recompute.recompute_function`).
-
-  The routing decisions (aux's clusters and members, from `route` with_loss=False) come from the
-  forward's q_hat, k_hat, which then carry no gradient: neither they nor the normalisation's
-  intermediates, the differences to the centroids or the cluster weights [b, h, c, w, w] are
-  kept, and the commitment loss's gradient [b, h, n, d] is computed with the attention's. The
-  same values and gradients as the kept computation; the diagnostics carry no gradient.
-
-  Args:
-    q, k, v: [b, h, n, d] as given to `routing_attention` (k unused with share_qk).
-    mu: [h, c, d] stop-gradient centroids; aux: from `route`.
-    Others as in `cluster_attention`.
-  Returns:
-    (output [b, h, n, d] of v's dtype, aux with "commitment_loss", "member_count",
-    "self_weight").
-  """
-  wide = aux["q_hat"].dtype
-  scale_is_tensor = isinstance(logit_scale, (tf.Tensor, tf.Variable))
-  decisions = {key: aux[key] for key in ("query_indices", "key_indices", "query_clusters",
-                                        "key_clusters", "weights") if key in aux}
-
-  def attend(q, k, v, rel_k, rel_v, scale):
-    q_hat = common.layer_norm_no_scale(q, dtype=wide)
-    k_hat = q_hat if share_qk else common.layer_norm_no_scale(k, dtype=wide)
-    inner = dict(decisions, q_hat=q_hat, k_hat=k_hat)
-    loss = commitment(q_hat, k_hat, mu, inner, share_qk)
-    out, inner = cluster_attention(inner, v, window, causal, key_padding, rel_k, rel_v,
-                                   exclude_self, scale if scale_is_tensor else logit_scale)
-    return out, loss, inner["member_count"], inner["self_weight"]
-
-  out, aux["commitment_loss"], aux["member_count"], aux["self_weight"] = (
-      recompute_lib.recompute_function(
-          attend, q, None if share_qk else k, v, relative_keys, relative_values,
-          tf.convert_to_tensor(logit_scale) if scale_is_tensor else None, differentiable=2))
-  return out, aux
-
-
-def attend_in_clusters(aux, q, k, v, mu, window, causal, share_qk, key_padding, relative_keys,
-                       relative_values, exclude_self, logit_scale, dropout_rate, recompute):
-  """Steps 4 to 7: `cluster_attention`, or with recompute `recomputed_routing` (aux from
-  `route` with_loss=not recompute)."""
-  if not recompute:
-    return cluster_attention(aux, v, window, causal, key_padding, relative_keys,
-                             relative_values, exclude_self, logit_scale, dropout_rate)
-  recompute_lib.refuse_dropout(dropout_rate, "routing_attention")
-  return recomputed_routing(q, k, v, mu, aux, window, causal, share_qk, key_padding,
-                            relative_keys, relative_values, exclude_self, logit_scale)
 
 
 def routing_attention(q, k, v, centroids, window, causal=True, share_qk=True, padding=None,
                       relative_keys=None, relative_values=None, random_routing=False,
-                      exclude_self=False, logit_scale=None, dropout_rate=0.0,
-                      padding_as_original=False, recompute=False):
-  """Content-based sparse attention inside balanced clusters (Roy et al., TACL 2021,
-  Algorithm 1).
+                      exclude_self=False, logit_scale=None, legacy_causal_key_routing=False,
+                      dropout_rate=0.0, padding_as_original=False):
+  """Content-based sparse attention inside balanced clusters (Algorithm 1).
 
   Args:
-    q, k, v: [b, h, n, d] routing-head queries, keys, values.
-    centroids: [h, c, d] k-means centroids (queries and keys share them).
-    window: w, members per cluster.
-    causal: in-cluster causal mask (key position <= query position); key members = query
-      members. Non-causal: keys are routed separately (unless share_qk) and not masked.
-    share_qk: keys are the queries (k_hat = q_hat); `k` is then ignored.
-    padding: optional [b, n] bool/int, True or nonzero marks padding (masked as keys, never
-      preferred as members, excluded from the commitment loss and the k-means statistics).
-    relative_keys, relative_values: optional [2R + 1, d] tables indexed by the rank distance
-      inside the sorted cluster.
-    random_routing: the Random Transformer baseline (paper Table 1): cluster members are drawn
-      uniformly at random instead of by centroid scores (the k-means outputs are still computed).
-    exclude_self: extension (off in the paper): a query does not attend to its own position
-      when its cluster allows it another key (`common.exclude_self`).
-    logit_scale: extension: None (the paper's unscaled q_hat . k_hat logits), a float or a
-      per-head [h] tensor multiplying the logits (relative logits included).
-    dropout_rate: attention dropout on the weights (hparam `attention_dropout` in TRAIN mode).
+    q, k, v: [b, h, n, d] routing-head queries, keys, values (k ignored with share_qk).
+    centroids: [h, c, d] k-means centroids (queries and keys share them); window: w.
+    causal: in-cluster causal mask, key members = query members; non-causal: keys routed
+      separately (unless share_qk), not masked.
+    share_qk: keys are the queries (k_hat = q_hat).
+    padding: optional [b, n] bool/int, True at padding (masked as keys, last in top-k ties, no
+      k-means weight).
+    relative_keys, relative_values: optional [2R + 1, d] tables of the rank distance in a cluster.
+    random_routing: the Random Transformer baseline (paper Table 1): members drawn at random.
+    exclude_self, logit_scale: extensions (off in the paper): no attention to one's own position
+      where another key is allowed (`common.exclude_self`); a float or [h] logit scale.
+    legacy_causal_key_routing: causal with separate keys, the original release's rule (its
+      utils.py `clustered_local_attention_helper`, masked=True): the keys of cluster c are the
+      keys' own top-w positions, masked by rank, so a query may see later keys. Only its
+      checkpoints need it (`tools/checkpoints.py`, `legacy_note`).
+    dropout_rate: attention dropout on the weights (TRAIN mode).
     padding_as_original: padding as the original release treats it (`padding_roles`).
-    recompute: the normalisation, the commitment loss and the cluster attention keep only q,
-      k, v (and the tables, the scale) for the backward pass and run again there
-      (`recomputed_routing`; refuses dropout).
-  With bfloat16 (float16) q, k, v (hparam `activation_dtype`), everything after the
-  normalisation (scores, k-means terms, cluster logits, softmax, values) is computed in float32
-  and only the output is cast back.
+  bfloat16 q, k, v route and attend in float32; only the output is cast back.
   Returns:
-    (output [b, h, n, d] of v's dtype, aux) where aux holds
-      "query_clusters": int32 [b, h, n] argmax centroid of each q_hat,
-      "key_clusters": the same for k_hat (only when not share_qk),
-      "commitment_loss": float32 scalar mean((x - stop_gradient(mu[argmax x]))^2) over real
-        positions (queries and, when not share_qk, keys averaged),
-      "q_hat", "k_hat": [b, h, n, d] normalised vectors; "weights": [b, n] 1 for real positions,
-        0 for padding (with the clusters, the k-means statistics),
-      "query_indices", "key_indices": int32 [b, h, c, w] cluster members,
-      "member_count", "self_weight": [b, h, n] diagnostics (`routing_statistics`).
+    (output [b, h, n, d] of v's dtype, Routed).
   """
   q_hat, k_hat, v, mu, pad, rel_k, rel_v = normalised_inputs(
       q, k, v, centroids, window, share_qk, padding, relative_keys, relative_values,
       "routing_attention")
   key_pad, member_pad, kmeans_pad = padding_roles(pad, causal, padding_as_original)
-  aux = route(q_hat, k_hat, mu, window, share_qk, not causal, member_pad,
-              position_weights(kmeans_pad, tf.shape(q_hat)[0], q_hat.shape[2]), random_routing,
-              with_loss=not recompute)
-  return attend_in_clusters(aux, q, k, v, mu, window, causal, share_qk, key_pad, rel_k, rel_v,
-                            exclude_self, logit_scale, dropout_rate, recompute)
+  route_keys = not causal or (legacy_causal_key_routing and not share_qk)
+  aux = route(q_hat, k_hat, mu, window, share_qk, route_keys, member_pad,
+              position_weights(kmeans_pad, tf.shape(q_hat)[0], q_hat.shape[2]), random_routing)
+  return cluster_attention(aux, v, window, causal, key_pad, rel_k, rel_v, exclude_self,
+                           logit_scale, dropout_rate)
 
 
 def routing_statistics(member_count, self_weight, weights):
-  """What holds routing heads back, as two scalars (TRAIN summaries;
-  research/notes/routing_learning.md).
-
-  Args:
-    member_count: [b, h, n] number of clusters each query is in (aux "member_count").
-    self_weight: [b, h, n] attention weight of each query on its own position (aux
-      "self_weight"; combined over its clusters as the output is).
-    weights: [b, n] 1 for real positions, 0 for padding.
-  Returns:
-    dict of float32 scalars: "no_cluster_share", the share of real queries in no cluster (their
-    routing output is 0); "self_attention_share", the mean weight on self over the real queries
-    that are in a cluster.
-  """
+  """TRAIN summaries of Routed.member_count, self_weight [b, h, n] over real positions
+  (weights [b, n]): "no_cluster_share" of queries in no cluster (output 0) and the mean
+  "self_attention_share" of the routed ones."""
   weights = tf.cast(weights, tf.float32)[:, tf.newaxis, :] * tf.ones_like(self_weight,
                                                                           tf.float32)
   routed = tf.cast(member_count > 0, tf.float32) * weights

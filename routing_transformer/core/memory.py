@@ -1,0 +1,157 @@
+"""The memory switches, one mechanism: `recompute(fn, inputs)` keeps only fn's inputs and runs
+fn again in the backward pass, as `tf.recompute_grad` does, around a whole layer (hparam
+`recompute_layers`), a layer's heads (`recompute_attention`) and each chunk of the output
+projection and loss (`logits_chunk_size`). TF 2.15's `tf.recompute_grad` cannot replay a function
+making tf.compat.v1 variables ("Variable already exists"), hence this wrapper on
+`tf.custom_gradient`. Random numbers are not replayed: callers refuse them.
+"""
+import tensorflow as tf
+
+tf1 = tf.compat.v1
+
+
+def after(dy, *tensors):
+  """Identities of `tensors` that wait for dy, so what is computed from them runs in the
+  backward pass (not as soon as its inputs exist)."""
+  with tf.control_dependencies([dy]):
+    return [tf.identity(t) for t in tensors]
+
+
+def recompute(fn, inputs, substitutes=None, differentiable=None, serial=None):
+  """fn(*inputs, replay=False), recomputed in the backward pass (fn(*inputs, replay=True)).
+
+  Args:
+    fn: (*inputs, replay) -> a tensor or a tuple of tensors. May create or reuse variables
+      (tf.compat.v1.get_variable; the replay reuses the forward's variable scope).
+    inputs: list of float tensors; None entries reach fn as None.
+    substitutes: optional callable -> {variable.ref(): tensor}, variables the replay read
+      through these forward tensors (the centroids, which the EMA update moves in between).
+    differentiable: how many leading outputs carry gradients (default all); the others are
+      side outputs with the forward's values.
+    serial: optional list shared by several calls: each backward re-run waits for the gradients
+      of the one built before it (one re-run alive at a time).
+  Returns:
+    fn's outputs of the forward call.
+  """
+  scope = tf1.get_variable_scope()
+  present = [i for i, t in enumerate(inputs) if t is not None]
+  several = []
+
+  def call(args, replay):
+    full = list(inputs)
+    for i, t in zip(present, args):
+      full[i] = t
+    ys = fn(*full, replay=replay)
+    if not replay:
+      several.append(isinstance(ys, tuple))
+    return list(ys) if isinstance(ys, tuple) else [ys]
+
+  @tf.custom_gradient
+  def block(*args):
+    ys = call(args, False)
+    keep = len(ys) if differentiable is None else differentiable
+    ys = ys[:keep] + [tf.stop_gradient(t) for t in ys[keep:]]
+
+    def grad(*dys, variables=None):
+      dys = [tf.zeros_like(y) if d is None else d for y, d in zip(ys[:keep], dys[:keep])]
+      # stop_gradient: tf.gradients must not follow a variable's path upstream of an input
+      with tf.control_dependencies(serial[-1:] if serial else []):
+        replay_args = [tf.stop_gradient(t) for t in after(dys[0], *args)]
+      with tf1.variable_scope(scope, reuse=True), tf.name_scope("recompute"):
+        ys2 = call(replay_args, True)[:keep]
+      variables = list(variables or [])
+      subs = substitutes() if substitutes is not None else {}
+      sub_tensors = [subs.get(v.ref()) for v in variables]
+      extra = [t for t in sub_tensors if t is not None]
+      grads = tf.gradients(ys2, replay_args + variables + extra, dys)
+      var_grads, extra_grads = grads[len(args):len(args) + len(variables)], iter(
+          grads[len(args) + len(variables):])
+      var_grads = [g if t is None else _add(g, next(extra_grads))
+                   for g, t in zip(var_grads, sub_tensors)]
+      if serial is not None:
+        serial.append(tf.group([g for g in grads if g is not None]))
+      return grads[:len(args)], var_grads
+
+    return tuple(ys), grad
+
+  results = list(block(*[inputs[i] for i in present]))
+  return tuple(results) if several[0] else results[0]
+
+
+def _add(a, b):
+  return b if a is None else a if b is None else a + b
+
+
+def recompute_heads(attend, routing_qkv, local_qkv, routing_tables, local_tables, options):
+  """attend(routing_qkv, local_qkv, routing_tables, local_tables, options) -> (heads [b, h, n, d],
+  routing result or None), keeping only q, k, v, the tables and the logit scale for the backward
+  pass (hparam `recompute_attention`); the routing decisions are taken again there."""
+  scale = options.get("logit_scale")
+  scale = scale if isinstance(scale, (tf.Tensor, tf.Variable)) else None
+  inputs = [tf.convert_to_tensor(t) if t is not None else None for t in
+            list(routing_qkv or (None,) * 3) + list(local_qkv or (None,) * 3) +
+            list(routing_tables) + list(local_tables) + [scale]]
+  keys, kind = [], []
+
+  def fn(rq, rk, rv, lq, lk, lv, rrk, rrv, lrk, lrv, scale, replay):
+    kw = dict(options, logit_scale=scale) if scale is not None else options
+    out, aux = attend(None if routing_qkv is None else (rq, rk, rv),
+                      None if local_qkv is None else (lq, lk, lv), (rrk, rrv), (lrk, lrv), kw)
+    if aux is None:
+      return out
+    items = aux._asdict() if hasattr(aux, "_asdict") else dict(aux)  # Routed, or causal_window's
+    if not replay:
+      kind.append(type(aux))
+      keys.extend(sorted(k for k, t in items.items() if t is not None and k != "commitment_loss"))
+    return (out, items["commitment_loss"]) + tuple(items[k] for k in keys)
+
+  result = recompute(fn, inputs, differentiable=2)
+  if not isinstance(result, tuple):
+    return result, None
+  values = dict(zip(keys, result[2:]), commitment_loss=result[1])
+  return result[0], values if kind[0] is dict else kind[0](**values)
+
+
+def refuse_random(rates, name):
+  """ValueError naming the hparams whose random numbers a re-run would draw again."""
+  on = [key for key, value in rates.items() if value]
+  if on:
+    raise ValueError("%s re-runs its block in the backward pass and would draw new random "
+                     "numbers; set %s to 0/False or turn %s off" % (name, " and ".join(on), name))
+
+
+def chunk_bounds(length, chunk):
+  """[(start, size)] of consecutive chunks of `chunk` positions covering `length`."""
+  if chunk <= 0:
+    raise ValueError("chunk_bounds: chunk must be positive, got %d." % chunk)
+  return [(start, min(chunk, length - start)) for start in range(0, length, chunk)]
+
+
+def project(x, kernel, bias):
+  """x [b, n, e] kernel [e, V] + bias [V] -> logits [b, n, V], as a dense layer."""
+  out = tf.tensordot(x, kernel, [[x.shape.rank - 1], [0]])
+  out.set_shape(x.shape[:-1].concatenate(kernel.shape[-1:]))
+  return tf.nn.bias_add(out, bias)
+
+
+def chunked_loss(x, kernel, bias, labels, weights, chunk, xent):
+  """sum_i weights_i * xent(project(x_i), labels_i) (float32 scalar), `chunk` positions at a
+  time, each chunk recomputed in the backward pass: x [b, n, e] (n static), kernel [e, V], bias
+  [V], labels int [b, n], weights [b, n]; xent: (logits [b, c, V], labels [b, c]) -> [b, c]."""
+  if x.shape.rank != 3 or x.shape[1] is None:
+    raise ValueError("chunked_loss: x must be [batch, length, depth] with a static length, got "
+                     "%s." % x.shape)
+  bounds = chunk_bounds(x.shape[1], chunk)
+  pieces = tf.split(x, [size for _, size in bounds], axis=1)  # its gradient: one concat
+  total, previous, serial = None, [], []
+  for (start, size), piece in zip(bounds, pieces):
+    def part(x_c, kernel, bias, replay, start=start, size=size):
+      del replay
+      losses = xent(project(x_c, kernel, bias), labels[:, start:start + size])
+      return tf.reduce_sum(losses * weights[:, start:start + size])
+
+    with tf.control_dependencies(previous):  # one chunk's logits at a time
+      x_c = tf.identity(piece)
+    value = recompute(part, [x_c, kernel, bias], serial=serial)
+    total, previous = _add(total, value), [value]
+  return total
