@@ -70,8 +70,27 @@ def pytest_collection_modifyitems(items):
   items.sort(key=rank)
 
 
+def _base_defaults():
+  """The project's hparams defaults (hparams/base.py's sparse_transformer_local) by name; {}
+  without Tensor2Tensor (the current-TensorFlow profile)."""
+  if not hasattr(_base_defaults, "values"):
+    try:
+      from hparams import base  # pylint: disable=g-import-not-at-top
+      _base_defaults.values = base.sparse_transformer_local().values()
+    except ImportError:
+      _base_defaults.values = {}
+  return _base_defaults.values
+
+
 class HParamsStandIn(types.SimpleNamespace):
-  """Plain attributes standing in for T2T HParams in layer tests, with HParams.get."""
+  """Plain attributes standing in for T2T HParams in layer tests, with HParams.get; an attribute
+  not given is the project's default (hparams/base.py), as in every registered set."""
+
+  def __getattr__(self, name):
+    defaults = _base_defaults()
+    if name in defaults:
+      return defaults[name]
+    raise AttributeError(name)
 
   def get(self, name, default=None):
     return getattr(self, name, default)

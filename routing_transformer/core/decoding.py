@@ -66,7 +66,7 @@ def check_cached_decoding(hparams):
     raise DecodeError("legacy_causal_key_routing=True with share_qk=False has no cached decoder "
                       "(the original routed keys over the whole sequence); decode with "
                       "--hparams=fast_decode=False.")
-  if hparams.get("activation_dtype", "float32") != "float32":
+  if hparams.activation_dtype != "float32":
     raise DecodeError("activation_dtype=%s has no cached decoder; decode with "
                       "--hparams=activation_dtype=float32 (the variables are float32: the same "
                       "checkpoint loads)." % hparams.activation_dtype)

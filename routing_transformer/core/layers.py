@@ -127,7 +127,7 @@ def routing_variables(hparams, layer_index):
   with tf1.variable_scope("routing"):
     km = kmeans.OnlineKMeans(num_routing, hparams.sparsity_cluster_size, depth,
                              decay=hparams.decay, beta=hparams.beta, ema=hparams.ema,
-                             legacy_counts=hparams.get("legacy_kmeans_counts", False),
+                             legacy_counts=hparams.legacy_kmeans_counts,
                              name="cluster_attention")
     rel_k, rel_v = relative_tables(hparams, depth, hparams.sparsity_cluster_relative)
   return km, rel_k, rel_v
@@ -138,7 +138,7 @@ def routing_options(hparams, layer_index):
   `routing_logit_scale` ("none"; "rsqrt_depth": d^-0.5; "learned": per head from d^-0.5, its log
   the variable `routing/logit_scale`)."""
   num_routing, _, depth = head_counts(hparams, layer_index)
-  mode = hparams.get("routing_logit_scale", "none")
+  mode = hparams.routing_logit_scale
   scale = None
   if mode == "rsqrt_depth":
     scale = depth ** -0.5
@@ -148,7 +148,7 @@ def routing_options(hparams, layer_index):
           "logit_scale", [num_routing],
           initializer=tf1.constant_initializer(-0.5 * math.log(depth)))
     scale = tf.exp(log_scale)
-  return {"exclude_self": bool(hparams.get("routing_exclude_self", False)),
+  return {"exclude_self": bool(hparams.routing_exclude_self),
           "logit_scale": scale}
 
 
@@ -170,7 +170,7 @@ def attention_output(out, hparams):
 def local_span(hparams, length):
   """(block, flange) of the local heads: query_shape, memory_flange, or with `full_attention`
   one block of the whole `length`."""
-  if hparams.get("full_attention", False):
+  if hparams.full_attention:
     return length, 0
   return hparams.query_shape[0], hparams.memory_flange[0]
 
@@ -183,12 +183,12 @@ def head_config(hparams, length=None):
       flange=flange, share_qk=hparams.share_qk,
       routing_mode=hparams.routing_mode, random_routing=hparams.random_routing,
       legacy_causal_key_routing=hparams.legacy_causal_key_routing,
-      routing_padding_as_original=bool(hparams.get("routing_padding_as_original", False)))
+      routing_padding_as_original=bool(hparams.routing_padding_as_original))
 
 
 def attention_dropout_rate(hparams, train):
   """The attention dropout on the weights: hparam `attention_dropout` in TRAIN mode, else 0."""
-  return float(hparams.get("attention_dropout", 0.0) or 0.0) if train else 0.0
+  return float(hparams.attention_dropout) if train else 0.0
 
 
 def self_attention(x, hparams, layer_index, padding=None, causal=True, train=False,
@@ -231,7 +231,7 @@ def self_attention(x, hparams, layer_index, padding=None, causal=True, train=Fal
       return heads.kind_heads(routing_qkv, local_qkv, config, causal, padding, means,
                               routing_tables, local_tables, options, dropout, cache, position)
 
-  if train and cache is None and hparams.get("recompute_attention", False):
+  if train and cache is None and hparams.recompute_attention:
     memory.refuse_random({"attention_dropout": dropout, "random_routing": hparams.random_routing},
                          "recompute_attention")
     out, aux = memory.recompute_heads(attend, routing_qkv, local_qkv, routing_tables,
