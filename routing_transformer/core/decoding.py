@@ -1,8 +1,6 @@
-"""Cached decoding: sampling, greedy, beam search, prompts. Each step runs the decoder on the
-new position only, over caches of static length N = max_target_length. A prompt (right-padded
-with 0) runs through the same steps with its tokens forced, so prompt and continuation see one
-routing rule (`attention.incremental`'s). Outputs are the continuations only.
-"""
+"""Cached decoding (sampling, greedy, beam search): each step runs the new position only, over
+caches of static length N = max_target_length; a prompt (right-padded with 0) runs through the
+same steps, its tokens forced (one routing rule). Outputs are the continuations only."""
 import collections
 import contextlib
 
@@ -26,9 +24,8 @@ class DecodeError(ValueError):
 
 
 def sampling_settings(hparams, decode_hparams=None):
-  """(temperature, top_k, top_p) from the model hparams, overridden by set decode hparams:
-  sampling_method "argmax" is greedy (temperature 0), "random" samples with sampling_temp,
-  sampling_keep_top_k (-1 or 0: off) and nucleus_sampling (top-p, 1: off)."""
+  """(temperature, top_k, top_p) of the hparams, overridden by set decode hparams: "argmax" is
+  greedy; "random" uses sampling_temp, sampling_keep_top_k (-1, 0: off), nucleus_sampling."""
   values = {}
   for name, unset in UNSET.items():
     value = decode_hparams.get(name, unset) if decode_hparams is not None else unset
@@ -78,8 +75,7 @@ def decode_length_of(hparams):
 
 
 def prompt_of(model, features):
-  """Prompt ids [b, P] (right-padded with 0): features["partial_targets"], else the "inputs"
-  of a decoder-only model; or None."""
+  """Prompt ids [b, P]: features["partial_targets"], else a decoder-only model's "inputs"."""
   prompt = features.get("partial_targets")
   if prompt is None and model.hparams.num_encoder_layers <= 0:
     prompt = features.get("inputs")
@@ -122,9 +118,8 @@ def encoder_memory(model, features):
 
 
 def decode_step(model, ids, position, caches, memory_kv=None, memory_padding=None):
-  """(logits [b, vocab] float32 of position t, updated caches) from ids int32 [b], the token
-  at t - 1 (0 at t = 0); caches: per decoder layer, from `layers.self_attention_cache`;
-  memory_kv, memory_padding: from `encoder_memory`."""
+  """(float32 logits [b, vocab] of position t, updated caches) from ids int32 [b], the tokens at
+  t - 1; caches: per layer (`layers.self_attention_cache`); memory: from `encoder_memory`."""
   hparams = model.hparams
   updated = [dict(cache) for cache in caches]  # self_attention updates them in place
 
@@ -170,8 +165,7 @@ def continuation(tokens, prompt_length, decode_length):
   return tf.where(index < length, taken, tf.zeros_like(taken))
 
 
-# What both decoders start from: cache length N, batch size, prompt ids [b, N] and lengths [b],
-# encoder memory (or None), empty per-layer caches, target vocabulary size.
+# What both decoders start from (prompt_ids [b, N], prompt_length [b], memory_kv may be None).
 DecodeSetup = collections.namedtuple(
     "DecodeSetup", "length batch prompt_ids prompt_length memory_kv memory_padding caches vocab")
 
@@ -192,11 +186,9 @@ def decode_setup(model, features):
 
 def sample_loop(model, features, decode_length, temperature=0.0, top_k=-1, top_p=1.0,
                 return_logits=False, seed=None):
-  """Greedy or sampled decoding in one tf.while_loop: each row consumes its prompt, then
-  generates up to `decode_length` tokens, stopping after EOS (later positions 0) or at N.
-  temperature, top_k, top_p, seed: `sampling.sample`'s. Returns {"outputs" int32 [b,
-  decode_length], "tokens" [b, N] (prompt + continuation), "prompt_length" [b], with
-  return_logits "logits" [b, N, vocab]}."""
+  """Greedy or sampled decoding in one tf.while_loop: up to `decode_length` tokens after each
+  prompt, stopping after EOS or at N. Returns {"outputs" int32 [b, decode_length], "tokens" [b, N],
+  "prompt_length" [b], with return_logits "logits" [b, N, vocab]}."""
   length, batch, prompt_ids, prompt_length, memory_kv, memory_padding, caches, vocab = (
       decode_setup(model, features))
   end = tf.minimum(prompt_length + decode_length, length)  # exclusive end of each row
@@ -235,11 +227,9 @@ def sample_loop(model, features, decode_length, temperature=0.0, top_k=-1, top_p
 
 def beam_decode(model, features, decode_length, beam_size, top_beams=1, alpha=0.0,
                 beam_search=None):
-  """Beam search over the cached decoder, prompts forced; `beam_search` has the signature and
-  results of Tensor2Tensor's `beam_search.beam_search`. Each row's hypotheses end with a forced
-  EOS after its decode_length tokens, so rows are ranked at their own length whatever the other
-  rows' prompts (unless prompt + decode_length reaches N). Returns {"outputs" [b, decode_length]
-  or [b, top_beams, decode_length], "scores" [b] or [b, top_beams]}."""
+  """Beam search (`beam_search` as Tensor2Tensor's) over the cached decoder, prompts forced, EOS
+  forced after each row's decode_length tokens (rows ranked at their own length). Returns
+  {"outputs" [b, (top_beams,) decode_length], "scores" [b] or [b, top_beams]}."""
   setup = decode_setup(model, features)
   length, batch, prompt_ids, prompt_length, memory_kv, memory_padding, caches, vocab = setup
   steps = tf.minimum(tf.reduce_max(prompt_length) + decode_length + 1, length)

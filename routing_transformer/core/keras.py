@@ -1,14 +1,7 @@
-"""Keras layers (TensorFlow backend, Keras 2.15 and Keras 3): `RoutingSelfAttention`,
-`RoutingTransformerBlock` and a small `RoutingTransformerLM`, computing with the T2T model's
-functions (`heads.mixed_heads`, the k-means update, `layers.geglu_hidden`): with the same weights
-the attention layer gives what `layers.self_attention` gives. Does not import Tensor2Tensor.
-
-    layer = RoutingSelfAttention(hidden_size=128, local_heads=2, routing_heads=2, num_clusters=8,
-                                 window=64, block_length=64, flange=64)
-    y = layer(x, training=True)  # x [b, n, 128]; one EMA step; layer.losses: the k-means loss
-
-Centroids are float32 non-trainable weights (never autocast); in training they take one EMA step
-per call from the global batch's statistics (summed over a tf.distribute strategy's replicas).
+"""Keras layers (TensorFlow backend, Keras 2.15 and 3): `RoutingSelfAttention`,
+`RoutingTransformerBlock`, a small `RoutingTransformerLM`, on the T2T model's functions (same
+weights: `layers.self_attention`'s output); no Tensor2Tensor. Centroids: float32 non-trainable
+weights, one EMA step per training call from the global batch's statistics.
 """
 import math
 import os
@@ -55,8 +48,7 @@ register = keras.utils.register_keras_serializable(package="routing_transformer"
 
 
 def add_weight(layer, name, shape, initializer, trainable=True, float32=False):
-  """layer.add_weight for Keras 2 and 3; `float32`: never autocast, replicas hold the first
-  replica's value (centroids, EMA statistics, the learned logit scale)."""
+  """layer.add_weight for Keras 2 and 3; `float32`: never autocast, the first replica's value."""
   kwargs = dict(name=name, shape=shape, initializer=initializer, trainable=trainable)
   if float32:
     kwargs["dtype"] = "float32"
@@ -115,14 +107,10 @@ ATTENTION_ARGS = ("hidden_size", "local_heads", "routing_heads", "num_clusters",
 
 @register
 class RoutingSelfAttention(keras.layers.Layer):
-  """Multi-head self-attention of routing heads (first) and local heads (Roy et al., 2021),
-  weights named as `layers.self_attention`'s variables, centroids `means` [routing_heads,
-  num_clusters, d] with `ema_count`, `ema_means`.
-
-  call(x [b, n, hidden], padding=None (bool [b, n]), mask=None (Keras mask, True at real
-  positions), training=None (one EMA step, attention dropout)) -> [b, n, hidden]; the k-means
-  loss (`kmeans.clustering_loss`) goes to `add_loss`.
-  """
+  """Self-attention of routing heads (first) and local heads (Roy et al., 2021), weights named as
+  `layers.self_attention`'s; centroids `means` [routing_heads, c, d], `ema_count`, `ema_means`.
+  call(x [b, n, hidden], padding=None (bool [b, n]), mask=None, training=None) -> [b, n, hidden];
+  training: one EMA step, attention dropout; the k-means loss goes to `add_loss`."""
 
   def __init__(self, hidden_size, local_heads=2, routing_heads=2, num_clusters=8, window=64,
                block_length=64, flange=64, causal=True, share_qk=True, routing_mode="topk",
@@ -224,8 +212,7 @@ class RoutingSelfAttention(keras.layers.Layer):
     return {"exclude_self": self.exclude_self, "logit_scale": scale}
 
   def update_centroids(self, aux):
-    """One EMA step of the centroids (`kmeans.assign_ema_update`) from this routing aux, with the
-    statistics of the global batch (`global_batch_statistics`)."""
+    """One EMA step of the centroids from this routing aux, with the global batch's statistics."""
     x_hats, clusters = kmeans.routed_vectors(aux, self.share_qk)
     counts, sums = kmeans.combined_statistics(x_hats, clusters, self.num_clusters,
                                               aux["weights"])
@@ -262,12 +249,8 @@ BLOCK_ARGS = ("hidden_size", "filter_size", "local_heads", "routing_heads", "num
 
 @register
 class RoutingTransformerBlock(keras.layers.Layer):
-  """One post-norm Transformer layer: x = LN(x + attention(x)); x = LN(x + GEGLU(x)), the GEGLU
-  feed-forward (gelu(x W1) * (x W2)) W3 without biases (`layers.geglu_hidden`).
-
-  call(x, padding=None, mask=None, training=None) as `RoutingSelfAttention`; dropout (rate
-  `dropout`) on both residual branches in training.
-  """
+  """Post-norm layer: x = LN(x + attention(x)); x = LN(x + (gelu(x W1) * (x W2)) W3), no biases;
+  call as `RoutingSelfAttention`'s; in training, dropout on both residual branches."""
 
   def __init__(self, hidden_size, filter_size=256, local_heads=2, routing_heads=2,
                num_clusters=8, window=64, block_length=64, flange=64, causal=True,
@@ -329,9 +312,8 @@ LM_ARGS = ("vocab_size", "length", "hidden_size", "filter_size", "num_layers", "
 
 @register
 class RoutingTransformerLM(keras.Model):
-  """A small decoder-only Routing Transformer LM: ids [b, n] (0 = padding, shifted right
-  inside) -> float32 logits [b, n, vocab]; embedding, dense (+ timing signal), `num_layers`
-  blocks (routing heads from `skip_first` on); the k-means losses in `model.losses`."""
+  """Decoder-only LM: ids [b, n] (0 = padding, shifted right inside) -> float32 logits [b, n,
+  vocab]; routing heads from layer `skip_first` on; the k-means losses in `model.losses`."""
 
   def __init__(self, vocab_size, length, hidden_size=128, filter_size=256, num_layers=2,
                local_heads=2, routing_heads=2, skip_first=1, num_clusters=8, window=64,

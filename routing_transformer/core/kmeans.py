@@ -1,10 +1,7 @@
-"""Online mini-batch k-means that learns the routing centroids (Roy et al., TACL 2021; the
-original release's k-means): assignments and losses, per-head statistics and their EMA step,
-monitoring and re-seeding, and the variables of one routing layer (`OnlineKMeans`):
-  means [h, c, d] (routing centroids), ema_count [h, c], ema_means [h, c, d] (EMA statistics).
-Queries and keys of a layer share the centroids and make one update per step. Also the LayerNorm
-without scale routing normalises with; imports nothing from the attention package.
-"""
+"""Online mini-batch k-means of the routing centroids (Roy et al., TACL 2021; the original
+release's): assignments, losses, per-head statistics, EMA step, re-seeding, and one layer's
+variables (`OnlineKMeans`: means [h, c, d], ema_count [h, c], ema_means [h, c, d]), shared by
+queries and keys (one update per step). Also routing's LayerNorm without scale."""
 import tensorflow as tf
 
 LOW_PRECISION = (tf.bfloat16, tf.float16)
@@ -12,8 +9,7 @@ DECAY = 0.999
 EPSILON = 1e-5
 BETA = 1e-4
 DEAD_FRACTION = 1e-3  # a cluster holding < this share of its uniform share counts as dead
-# The original adds one clustering loss for the queries and one for the keys (the same term twice
-# with share_qk); the routing functions report the mean over the two.
+# The original adds one clustering loss for the queries, one for the keys; routing reports the mean.
 ROUTED_SETS = 2
 
 
@@ -24,8 +20,7 @@ def compute_dtype(dtype):
 
 
 def layer_norm_no_scale(x, epsilon=1e-6, dtype=None):
-  """LayerNorm without scale or bias over the last axis, in `compute_dtype`: [..., d] -> [..., d]
-  of `dtype` (default x's)."""
+  """LayerNorm without scale or bias over the last axis, in `compute_dtype`, returned in `dtype`."""
   x = tf.convert_to_tensor(x)
   out_dtype = x.dtype.base_dtype if dtype is None else tf.as_dtype(dtype)
   x = tf.cast(x, compute_dtype(x.dtype))
@@ -74,16 +69,14 @@ def codebook_loss(x_hat, centroids, clusters, weights):
 
 
 def clustering_loss(commitment, beta, codebook=0.0):
-  """A routing layer's k-means loss as the original weights it: it adds beta * commitment
-  (+ codebook without EMA) once for the queries and once for the keys (the queries again with
-  share_qk); `commitment`, `codebook` are the means over both, so ROUTED_SETS times their sum."""
+  """A routing layer's k-means loss weighted as the original's: ROUTED_SETS * (beta * commitment
+  + codebook), `commitment` and `codebook` the means over queries and keys."""
   return ROUTED_SETS * (beta * commitment + codebook)
 
 
 def cluster_statistics(x_hat, clusters, num_clusters, weights, legacy_counts=False):
-  """Per-head (counts float32 [h, c], sums float32 [h, c, d]) of x_hat [b, h, n, d] by clusters
-  int32 [b, h, n] over c clusters, weights [b, n] (0 at padding); legacy_counts: the original's
-  counts (`interleaved_counts`), the sums per head as in the original."""
+  """Per-head float32 (counts [h, c], sums [h, c, d]) of x_hat [b, h, n, d] by clusters int32
+  [b, h, n], weights [b, n] (0 at padding); legacy_counts: `interleaved_counts`."""
   heads, depth = x_hat.shape[1], x_hat.shape[3]
   segments = clusters + tf.reshape(tf.range(heads) * num_clusters, [1, heads, 1])
   weights = tf.broadcast_to(tf.cast(weights, tf.float32)[:, tf.newaxis, :], tf.shape(clusters))
@@ -98,10 +91,8 @@ def cluster_statistics(x_hat, clusters, num_clusters, weights, legacy_counts=Fal
 
 
 def interleaved_counts(clusters, num_clusters, weights):
-  """The original release's counts [h, c] with several heads (hparam `legacy_kmeans_counts`):
-  its one-hot assignments [b, h, n, c] reshaped to [-1, h, c] and summed over the first axis, so
-  each head's counts mix all heads (the same as per-head counts with one head). clusters int32
-  [b, h, n]; weights [b, n] or [b, h, n]."""
+  """The original release's counts [h, c] (hparam `legacy_kmeans_counts`): one-hot [b, h, n, c]
+  reshaped to [-1, h, c] and summed, so each head's counts mix all heads (same with one head)."""
   heads = clusters.shape[1]
   weights = tf.cast(weights, tf.float32)
   if weights.shape.rank == 2:
@@ -111,8 +102,7 @@ def interleaved_counts(clusters, num_clusters, weights):
 
 
 def routed_vectors(aux, share_qk):
-  """(x_hats, clusters) the centroids learn from (a routing attention's Routed or aux dict): the
-  queries, and the keys too without share_qk."""
+  """(x_hats, clusters) of a Routed or aux dict: the queries, and the keys without share_qk."""
   if share_qk:
     return [aux["q_hat"]], [aux["query_clusters"]]
   return [aux["q_hat"], aux["k_hat"]], [aux["query_clusters"], aux["key_clusters"]]
@@ -169,8 +159,7 @@ def dead_mask(ema_count, fraction=DEAD_FRACTION):
 
 
 def reseed_candidates(x_hat, weights, num_clusters, seed=None):
-  """[h, c, d]: for every head, c vectors drawn at random from the real (non-padding)
-  positions of x_hat [b, h, n, d] (weights [b, n]); the re-seeding values of dead clusters."""
+  """[h, c, d]: per head, c vectors drawn from the real positions of x_hat [b, h, n, d]."""
   batch, heads, length, depth = x_hat.shape
   flat = tf.reshape(tf.transpose(x_hat, [1, 0, 2, 3]), [heads, batch * length, depth])
   real = tf.reshape(tf.cast(weights, tf.float32), [1, batch * length])
@@ -181,10 +170,8 @@ def reseed_candidates(x_hat, weights, num_clusters, seed=None):
 
 def assign_ema_update(means, ema_count, ema_means, counts, sums, decay=DECAY, epsilon=EPSILON,
                       ema=True, candidates=None):
-  """One EMA step of a layer's k-means variables (the grouped op; None in eager mode):
-  ema_count, ema_means <- EMA of counts [h, c], sums [h, c, d]; means <- `smoothed_means` (only
-  with ema=True). Clusters dead after the step (`dead_mask`) take their `candidates` [h, c, d]
-  row as centroid, their EMA sums set so the smoothed mean is exactly it."""
+  """One EMA step (grouped op; None in eager mode): ema_count, ema_means <- EMA of counts [h, c],
+  sums [h, c, d]; means <- `smoothed_means` (ema). Dead clusters take `candidates` [h, c, d]."""
   new_count, new_sums = ema_step(ema_count, ema_means, counts, sums, decay)
   new_means = smoothed_means(new_count, new_sums, epsilon)
   if candidates is not None:
@@ -201,9 +188,8 @@ def assign_ema_update(means, ema_count, ema_means, counts, sums, decay=DECAY, ep
 
 
 class OnlineKMeans(object):
-  """The centroids of one routing layer and their update (tf.compat.v1 variables in the layer's
-  scope). ema=False: trainable means learned by `codebook_loss`; legacy_counts: the original's
-  counts (`interleaved_counts`)."""
+  """A routing layer's centroids (tf.compat.v1 variables) and their update; ema=False: trainable
+  means learned by `codebook_loss`; legacy_counts: `interleaved_counts`."""
 
   def __init__(self, heads, num_clusters, depth, decay=DECAY, beta=BETA, epsilon=EPSILON,
                ema=True, legacy_counts=False, name="cluster_attention"):
@@ -223,9 +209,8 @@ class OnlineKMeans(object):
     return combined_statistics(x_hats, clusters, self.num_clusters, weights, self.legacy_counts)
 
   def update(self, x_hats, clusters, weights, all_reduce=None):
-    """(EMA update op, counts [h, c] before all_reduce) from lists of x_hats [b, h, n, d] and
-    clusters int32 [b, h, n], weights [b, n]; all_reduce: optional fn on (counts, sums) across
-    replicas (TPU cross_replica_sum)."""
+    """(EMA update op, counts [h, c] before all_reduce) from lists of x_hats, clusters; all_reduce:
+    optional fn on (counts, sums) across replicas."""
     counts, sums = self.statistics(x_hats, clusters, weights)
     if all_reduce is not None:
       return self.update_from_statistics(*all_reduce(counts, sums))[0], counts
@@ -238,8 +223,7 @@ class OnlineKMeans(object):
     return op, counts
 
   def loss(self, commitment, x_hats=(), clusters=(), weights=None):
-    """`clustering_loss` of the mean commitment loss; with ema=False also of the mean codebook
-    loss of (x_hats, clusters)."""
+    """`clustering_loss` of the commitment loss (and with ema=False the mean codebook loss)."""
     codebook = 0.0
     if not self.ema:
       for x_hat, assigned in zip(x_hats, clusters):
@@ -261,9 +245,8 @@ class KMeansStep(object):
 
 
 def shard_update(steps, all_reduce=None, reseed=False):
-  """(update op, counts [h, c]): one EMA update of a layer's centroids from its KMeansSteps on
-  every data-parallel shard, averaged, then combined by `all_reduce` across replicas, so all keep
-  identical centroids; reseed: dead clusters take the first shard's queries."""
+  """(update op, counts [h, c]): one EMA update from the shards' KMeansSteps, averaged, then
+  `all_reduce`d across replicas; reseed: dead clusters take the first shard's queries."""
   stats = [step.statistics() for step in steps]
   counts = tf.add_n([c for c, _ in stats]) / len(stats)
   sums = tf.add_n([s for _, s in stats]) / len(stats)

@@ -1,7 +1,6 @@
 """Layers of the Routing Transformer in plain TF ops (tf.compat.v1 graph mode, T2T variable
-scopes): projections, routing / local heads (`heads`), output projection, FFN, enc-dec attention.
-x [b, n, hidden]; heads [b, h, n, d], d = hidden / heads.
-"""
+scopes): projections, heads, output projection, FFN, enc-dec attention. x [b, n, hidden]; heads
+[b, h, n, d], d = hidden / heads."""
 import math
 
 import tensorflow as tf
@@ -17,8 +16,7 @@ tf1 = tf.compat.v1
 
 
 def dense(x, units, name, use_bias=False):
-  """tf.compat.v1.layers.dense over the last axis: x [..., inputs] -> [..., units], variables
-  `name/kernel` and `name/bias`, ops in name scope `name`."""
+  """tf.compat.v1.layers.dense: x [..., inputs] -> [..., units], variables `name/kernel`, `bias`."""
   with tf1.variable_scope(name):
     kernel, bias = kernel_variables(x.shape[-1], units, x.dtype.base_dtype, use_bias)
     y = matmul(x, kernel)
@@ -103,8 +101,7 @@ def kind_columns(kernel, sizes, skip_first=False):
 
 def projections(x, hparams, layer_index):
   """x [b, n, hidden] -> (routing, local), each (q * d^-0.5, k, v) [b, heads of the kind, n, d]
-  or None, from the kernels `q/kernel`, `k/kernel`, `v/kernel` [hidden, hidden] (routing heads'
-  columns first). With share_qk the routing k is None (keys are the normalised queries)."""
+  or None; routing heads' columns first; with share_qk the routing k is None."""
   num_routing, num_local, depth = head_counts(hparams, layer_index)
   sizes = (num_routing * depth, num_local * depth)
   kinds = ([], [])
@@ -134,9 +131,8 @@ def routing_variables(hparams, layer_index):
 
 
 def routing_options(hparams, layer_index):
-  """The routing extensions (off in the paper's sets): `routing_exclude_self` and
-  `routing_logit_scale` ("none"; "rsqrt_depth": d^-0.5; "learned": per head from d^-0.5, its log
-  the variable `routing/logit_scale`)."""
+  """The routing extensions (off in the paper's sets): routing_exclude_self, routing_logit_scale
+  ("none"; "rsqrt_depth": d^-0.5; "learned": per head, its log the variable routing/logit_scale)."""
   num_routing, _, depth = head_counts(hparams, layer_index)
   mode = hparams.routing_logit_scale
   scale = None
@@ -160,16 +156,14 @@ def local_variables(hparams, layer_index):
 
 
 def attention_output(out, hparams):
-  """Heads [b, h, n, d] -> [b, n, hidden]: head_dense (one [d, d] map shared by all heads, as
-  released), output_transform."""
+  """Heads [b, h, n, d] -> [b, n, hidden]: head_dense ([d, d], shared by all heads, as released)."""
   if hparams.head_dense:
     out = dense(out, out.shape[-1], "head_dense")
   return dense(heads.combine_heads(out), hparams.hidden_size, "output_transform")
 
 
 def local_span(hparams, length):
-  """(block, flange) of the local heads: query_shape, memory_flange, or with `full_attention`
-  one block of the whole `length`."""
+  """(block, flange) of the local heads: query_shape, memory_flange; full_attention: (length, 0)."""
   if hparams.full_attention:
     return length, 0
   return hparams.query_shape[0], hparams.memory_flange[0]
@@ -193,23 +187,18 @@ def attention_dropout_rate(hparams, train):
 
 def self_attention(x, hparams, layer_index, padding=None, causal=True, train=False,
                    read_centroids=None, cache=None, position=None):
-  """Multi-head self-attention mixing routing and local heads, over whole sequences or (with
-  `cache`) one cached causal decoding step.
+  """Self-attention of routing and local heads, over whole sequences or one cached decoding step.
 
   Args:
-    x: [b, n, hidden]; with `cache`, [b, 1, hidden] the input of position `position`.
-    hparams: model hparams; layer_index: the layer (sparsity_skip_first: no routing heads).
-    padding: bool [b, n], True at padding positions, or None.
-    causal: decoder (True) or encoder (False) self-attention.
-    train: TRAIN mode (fresh random members, centroid statistics, attention dropout, and with
-      hparam `recompute_attention` the heads' attention recomputed in the backward pass).
-    read_centroids: optional km -> [h, c, d] centroids to route with (default km.means); a
-      recompute_layers replay routes with the forward's read.
-    cache, position: for one decoding step, the layer's caches (`self_attention_cache`, updated
-      in place) and the int32 scalar position.
+    x: [b, n, hidden]; with `cache`, [b, 1, hidden] at `position`.
+    hparams, layer_index: model hparams and the layer (sparsity_skip_first: no routing heads).
+    padding: optional bool [b, n], True at padding; causal: decoder self-attention.
+    train: TRAIN mode (random members, centroid statistics, dropout, `recompute_attention`).
+    read_centroids: optional km -> [h, c, d] centroids to route with (default km.means).
+    cache, position: one decoding step's caches (`self_attention_cache`, updated in place) and
+      int32 scalar position.
   Returns:
-    (y [b, n, hidden], k-means loss (0 without routing heads or with `cache`),
-    kmeans.KMeansStep or None).
+    (y [b, n, hidden], k-means loss (0 without routing heads or with cache), KMeansStep or None).
   """
   num_routing, num_local, _ = head_counts(hparams, layer_index)
   routing_qkv, local_qkv = projections(x, hparams, layer_index)
@@ -249,9 +238,8 @@ def self_attention(x, hparams, layer_index, padding=None, causal=True, train=Fal
 
 
 def self_attention_cache(hparams, layer_index, batch, length, dtype=tf.float32):
-  """Zero caches (a dict, static shapes) of one decoder layer for `self_attention` over
-  `length` = N positions: the entries `heads.local_heads_attention` and
-  `heads.routing_heads_attention` read and update (local rings of R = flange + block slots)."""
+  """Zero caches (a dict, static shapes) of one decoder layer for `self_attention` over N =
+  `length` positions, as the `heads` functions read them (local rings of flange + block slots)."""
   num_routing, num_local, depth = head_counts(hparams, layer_index)
   cache = {}
   if num_local:
@@ -280,10 +268,9 @@ def encdec_memory(memory, hparams):
 
 
 def encdec_attention(x, memory, hparams, memory_padding, position=None, train=False):
-  """Decoder-to-encoder attention x [b, n, hidden] -> [b, n, hidden], all heads local over the
-  memory when the lengths match, else full. memory: [b, m, hidden] or its `encdec_memory`;
-  memory_padding: bool [b, m] or None; position: the int32 step of one decoding step (its block
-  t // query_shape attends); train: attention dropout."""
+  """Decoder-to-encoder attention [b, n, hidden] -> [b, n, hidden], local when the lengths match,
+  else full; memory: [b, m, hidden] or its `encdec_memory`; memory_padding: bool [b, m] or None;
+  position: the int32 step of one decoding step; train: attention dropout."""
   num_heads = hparams.local_num_heads + hparams.sparsity_cluster_num_heads
   depth = hparams.hidden_size // num_heads
   q = heads.split_heads(dense(x, hparams.hidden_size, "q"), num_heads) * depth ** -0.5
@@ -317,9 +304,8 @@ def geglu_hidden(a, b):
 
 
 def ffn(x, hparams, train=False):
-  """Feed-forward block: GEGLU (gelu(x W1) * (x W2)) W3 without biases (variables
-  `weight1/kernel`, `weight2/kernel`, `weight3/kernel`), or T2T's dense-relu-dense (`conv1`,
-  `conv2`); relu_dropout on the hidden units in training."""
+  """FFN: GEGLU (gelu(x W1) * (x W2)) W3 without biases (`weight1..3`) or T2T's dense-relu-dense
+  (`conv1`, `conv2`); relu_dropout on the hidden units in training."""
   if hparams.ffn_layer == "geglu":  # gelu in float32 for bfloat16 activations
     a, b = dense(x, hparams.filter_size, "weight1"), dense(x, hparams.filter_size, "weight2")
     wide = kmeans.compute_dtype(a.dtype)
