@@ -1,10 +1,7 @@
-"""The model's cost by arithmetic from its hparams (no TensorFlow): attention FLOPs and memory,
-the local heads' reach, the memory of one training step per device (`step_memory`).
-
-Per head and decoder layer, n positions, d = hidden / heads, masked entries counted: a local
-head n (b + m) logits (block b = query_shape, flange m; full: n^2), a routing head k w^2 logits
-(k clusters of window w; causal_window: n 2w) + n k centroid scores. FLOPs: 4 d per logit, 2 d
-per score; memory: the attention weights held per layer, in floats.
+"""The model's cost from its hparams (no TensorFlow): attention FLOPs and memory, the local reach,
+a training step's memory per device. Per head and layer (masked entries counted): local n (b + m)
+logits (block b, flange m; full: n^2), routing k w^2 (k clusters of window w; causal_window: n 2w)
++ n k centroid scores; FLOPs 4 d per logit, 2 d per score; memory: attention weights, in floats.
 """
 import collections
 import math
@@ -23,15 +20,13 @@ def length_of(hparams):
 
 
 def local_span(hparams, length, as_local=False):
-  """(block, flange) of the non-routing heads (as `layers.local_span`); `as_local`: those of
-  the local heads even with `full_attention`."""
+  """(block, flange) of the non-routing heads (`layers.local_span`); as_local: ignore full."""
   full = _get(hparams, "full_attention", False) and not as_local
   return (length, 0) if full else (hparams.query_shape[0], hparams.memory_flange[0])
 
 
 def heads_of_layer(local, routing, skip_first, hidden, layer):
-  """(routing heads, other heads, depth per head) of decoder layer `layer` (as
-  `layers.head_counts`): the first `skip_first` layers' routing heads attend locally."""
+  """(routing heads, other heads, depth per head) of decoder layer `layer` (layers.head_counts)."""
   routing_here = routing if layer >= skip_first else 0
   return routing_here, local + routing - routing_here, hidden // (local + routing)
 
@@ -160,9 +155,8 @@ def adafactor_slot_elements(shape):
 
 
 def layer_activation_bytes(cfg, i, act, f32=4, recompute_attention=False):
-  """{component: bytes} decoder block i keeps for TF's gradients (one sequence), `act` bytes per
-  activation, probabilities and norm inputs float32. recompute_attention: no probabilities, q_hat
-  or gathered clusters (re-run from q, k, v). The local heads' memory blocks are rebuilt."""
+  """{component: bytes} decoder block i keeps for the gradients (one sequence), `act` bytes per
+  activation; recompute_attention: no probabilities, q_hat or gathered clusters."""
   n, h, f = cfg["length"], cfg["hidden"], cfg["filter"]
   routing, local, d = config_heads(cfg, i)
   local_logits, routing_logits, _ = attention_logits(
@@ -199,10 +193,8 @@ def step_total(params, optimizer, activations):
 
 def step_memory(cfg, vocab, recompute=False, bf16=False, logits_chunk=0,
                 recompute_attention=False):
-  """Bytes per device of a training step of one sequence: {params, grads, optimizer, adafactor,
-  kmeans, block_activations, outside_activations, activations, checkpoints, one_layer, total,
-  parameters (count)}. recompute (recompute_layers): each block keeps its input (checkpoints),
-  the block being re-run all it keeps without recompute (one_layer)."""
+  """Bytes per device of a training step of one sequence, by component (dict, and `total`);
+  recompute (recompute_layers): block inputs (checkpoints) + one re-run block (one_layer)."""
   act = 2 if bf16 else 4
   shapes = variable_shapes(cfg, vocab)
   params = sum(math.prod(s) for _, s, trainable in shapes if trainable) * 4

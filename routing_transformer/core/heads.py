@@ -1,8 +1,6 @@
-"""A layer's heads (shared by `layers.py` and `keras.py`): split and combine, and the dispatch
-to the attention functions, routing heads first along the head axis, then local heads, over
-whole sequences or (with `cache`) one cached decoding step. Shapes: x [b, n, h * d]; heads
-[b, h, n, d].
-"""
+"""A layer's heads (for `layers.py` and `keras.py`): split, combine, and dispatch to the attention
+functions (routing heads first, then local), whole sequences or one cached decoding step.
+x [b, n, h * d]; heads [b, h, n, d]."""
 import collections
 import contextlib
 
@@ -74,14 +72,10 @@ def combine_heads(x):
 def routing_heads_attention(q, k, v, means, config, causal=True, padding=None,
                             tables=(None, None), options=None, dropout_rate=0.0, cache=None,
                             position=None):
-  """The routing heads: (output [b, hr, n, d], the attention's Routed / aux or None).
-
-  Top-k routing, or for causal routing_mode="causal_window" `causal_window_attention`; k is
-  ignored with config.share_qk; `options`: exclude_self, logit_scale. With `cache` (one decoding
-  step, q, k, v [b, hr, 1, d] at `position`) the query routes over the cached prefix ("topk":
-  "routing_k", "routing_v" [b, hr, N, d], "routing_scores" [b, hr, c, N]; "causal_window":
-  "routing_window"), the entries updated in place.
-  """
+  """The routing heads: (output [b, hr, n, d], the attention's Routed / aux or None): top-k, or
+  causal_window (causal); k ignored with share_qk; `options`: exclude_self, logit_scale. With
+  `cache` (q, k, v [b, hr, 1, d] at `position`) it routes over the prefix, updating in place
+  ("routing_k", "routing_v" [b, hr, N, d], "routing_scores" [b, hr, c, N]; or "routing_window")."""
   rel_k, rel_v = tables
   options = dict(options or {})
   if config.share_qk:
@@ -125,9 +119,8 @@ def routing_heads_attention(q, k, v, means, config, causal=True, padding=None,
 
 def local_heads_attention(q, k, v, config, causal=True, padding=None, tables=(None, None),
                           dropout_rate=0.0, cache=None, position=None):
-  """The local heads: blocked attention [b, hl, n, d] (q carries d^-0.5). With `cache` (one
-  decoding step at `position`) over a ring of the last R >= flange + block positions ("local_k",
-  "local_v" [b, hl, R, d], "local_pos" int32 [b, R], -1 = empty), updated in place."""
+  """The local heads: blocked attention [b, hl, n, d] (q carries d^-0.5); with `cache`, over a
+  ring of R slots ("local_k", "local_v" [b, hl, R, d], "local_pos" int32 [b, R], -1 = empty)."""
   rel_k, rel_v = tables
   if cache is not None:
     slot = position % cache["local_pos"].shape[1]
@@ -158,16 +151,9 @@ def split_kinds(x, num_routing):
 def kind_heads(routing, local, config, causal=True, padding=None, means=None,
                routing_tables=(None, None), local_tables=(None, None), routing_options=None,
                dropout_rate=0.0, cache=None, position=None):
-  """All heads of a layer: (output [b, h, n, d], routing result or None).
-
-  Args:
-    routing, local: (q, k, v) [b, heads of the kind, n, d] (q scaled by d^-0.5) or None.
-    config: HeadConfig; causal: decoder self-attention; padding: optional bool [b, n].
-    means: [routing heads, c, d] centroids; routing_tables, local_tables: (relative keys,
-      relative values) [2R + 1, d] or Nones; routing_options: exclude_self, logit_scale.
-    dropout_rate: attention dropout (0 outside TRAIN mode).
-    cache, position: the layer's caches and the int32 position of one decoding step.
-  """
+  """All heads of a layer: (output [b, h, n, d], routing result or None). routing, local: (q, k,
+  v) [b, heads of the kind, n, d] (q scaled) or None; means: [routing heads, c, d]; tables:
+  (relative keys, values) [2R + 1, d] or Nones; cache, position: one decoding step's."""
   outputs, aux = [], None
   if routing is not None:
     out, aux = routing_heads_attention(*routing, means, config, causal, padding, routing_tables,

@@ -1,18 +1,14 @@
-"""The memory switches, one mechanism: `recompute(fn, inputs)` keeps only fn's inputs and runs
-fn again in the backward pass, as `tf.recompute_grad` does, around a whole layer (hparam
-`recompute_layers`), a layer's heads (`recompute_attention`) and each chunk of the output
-projection and loss (`logits_chunk_size`). TF 2.15's `tf.recompute_grad` cannot replay a function
-making tf.compat.v1 variables ("Variable already exists"), hence this wrapper on
-`tf.custom_gradient`. Random numbers are not replayed: callers refuse them.
-"""
+"""The memory switches, one mechanism: `recompute(fn, inputs)` keeps fn's inputs and re-runs fn in
+the backward pass, around a layer (`recompute_layers`), its heads (`recompute_attention`) and
+logits chunks (`logits_chunk_size`); `tf.custom_gradient`, as TF 2.15's `tf.recompute_grad` cannot
+replay tf.compat.v1 variables. Random numbers are not replayed: callers refuse them."""
 import tensorflow as tf
 
 tf1 = tf.compat.v1
 
 
 def after(dy, *tensors):
-  """Identities of `tensors` that wait for dy, so what is computed from them runs in the
-  backward pass (not as soon as its inputs exist)."""
+  """Identities of `tensors` that wait for dy (what uses them runs in the backward pass)."""
   with tf.control_dependencies([dy]):
     return [tf.identity(t) for t in tensors]
 
@@ -21,15 +17,12 @@ def recompute(fn, inputs, substitutes=None, differentiable=None, serial=None):
   """fn(*inputs, replay=False), recomputed in the backward pass (fn(*inputs, replay=True)).
 
   Args:
-    fn: (*inputs, replay) -> a tensor or a tuple of tensors. May create or reuse variables
-      (tf.compat.v1.get_variable; the replay reuses the forward's variable scope).
+    fn: (*inputs, replay) -> tensor(s); may make tf.compat.v1 variables (replay reuses them).
     inputs: list of float tensors; None entries reach fn as None.
-    substitutes: optional callable -> {variable.ref(): tensor}, variables the replay read
-      through these forward tensors (the centroids, which the EMA update moves in between).
-    differentiable: how many leading outputs carry gradients (default all); the others are
-      side outputs with the forward's values.
-    serial: optional list shared by several calls: each backward re-run waits for the gradients
-      of the one built before it (one re-run alive at a time).
+    substitutes: optional callable -> {variable.ref(): tensor}, variables the replay reads
+      through forward tensors (the centroids, which the EMA update moves in between).
+    differentiable: how many leading outputs carry gradients (default all).
+    serial: optional list shared by calls: each re-run waits for the previous one's gradients.
   Returns:
     fn's outputs of the forward call.
   """
@@ -83,9 +76,8 @@ def _add(a, b):
 
 
 def recompute_heads(attend, routing_qkv, local_qkv, routing_tables, local_tables, options):
-  """attend(routing_qkv, local_qkv, routing_tables, local_tables, options) -> (heads [b, h, n, d],
-  routing result or None), keeping only q, k, v, the tables and the logit scale for the backward
-  pass (hparam `recompute_attention`); the routing decisions are taken again there."""
+  """attend(...) -> (heads [b, h, n, d], routing result or None), keeping only q, k, v, the tables
+  and the logit scale for the backward pass (`recompute_attention`), which routes again."""
   scale = options.get("logit_scale")
   scale = scale if isinstance(scale, (tf.Tensor, tf.Variable)) else None
   inputs = [tf.convert_to_tensor(t) if t is not None else None for t in

@@ -25,11 +25,9 @@ def slice_axis(x, axis, start, size):
 
 
 def masked_softmax(logits, allowed, zero_empty=False, ordered=False):
-  """Softmax [..., m] of logits over the last axis where `allowed` (else 0), in float32 for
-  low-precision logits, returned in their dtype. zero_empty: rows with nothing allowed are 0,
-  not uniform; ordered: the denominator a cumulative sum in key order, so a row's values are the
-  same bits wherever its entries sit (causal_window's cached and whole outputs agree).
-  """
+  """Softmax [..., m] over the last axis where `allowed` (else 0), in `compute_dtype`; zero_empty:
+  rows with nothing allowed are 0; ordered: the denominator a cumsum in key order (same bits
+  wherever a row's entries sit: causal_window's cached and whole outputs agree)."""
   dtype = logits.dtype.base_dtype
   x = tf.where(allowed, tf.cast(logits, compute_dtype(dtype)),
                mask_value(compute_dtype(dtype)))
@@ -45,8 +43,7 @@ def masked_softmax(logits, allowed, zero_empty=False, ordered=False):
 
 
 def attention_dropout(probs, rate):
-  """Dropout of the attention weights probs [..., m] at `rate` in [0, 1) (hparam
-  `attention_dropout`, TRAIN only), before the value products, as the original release and T2T."""
+  """Dropout of the attention weights at `rate` in [0, 1), as the original release and T2T."""
   if not rate:
     return probs
   if not 0.0 < rate < 1.0:
@@ -73,8 +70,7 @@ def scale_logits(logits, scale):
 
 
 def zero_empty_rows(x, allowed):
-  """x[..., i, :] set to 0 where row i of `allowed` [..., q, m] allows no key (the uniform rows
-  of a softmax: `unskew` would carry them into the next rows' distances)."""
+  """x[..., i, :] set to 0 where row i of `allowed` [..., q, m] allows no key."""
   return x * tf.cast(tf.reduce_any(allowed, axis=-1, keepdims=True), x.dtype)
 
 
@@ -128,9 +124,8 @@ def skew(rel, num_keys):
 
 
 def unskew(probs, num_distances):
-  """The transpose of `skew`: [..., q, k] -> [..., q, u] (u = num_distances), the sum of
-  probs[i, j] at [i, j - i + q - 1]; with u < k + q - 1, the probabilities of pairs with
-  j - i + q - 1 >= u land elsewhere and must be 0 (masked)."""
+  """The transpose of `skew`: [..., q, k] -> [..., q, u], probs[i, j] summed at [i, j - i + q - 1];
+  with u < k + q - 1, pairs with j - i + q - 1 >= u must be 0 (masked)."""
   q, k = probs.shape[-2], probs.shape[-1]
   _check_span("unskew: num_distances", num_distances, k, q)
   if q == 1:
@@ -146,9 +141,8 @@ def unskew(probs, num_distances):
 
 
 def _distance_rows(table, query_start, num_queries, key_start, num_keys, causal, dtype):
-  """The rows of the distances the skew reads: all q + k - 1, or with `causal` (keys after
-  their query masked) those up to distance 0 when that takes fewer columns: k + 1 columns from
-  the smallest distance, whose skew is one slice (entries of distances > 0 are then garbage)."""
+  """The distances' rows the skew reads: all q + k - 1, or with `causal` k + 1 from the smallest
+  when they reach distance 0 (entries of distances > 0 are then garbage, masked)."""
   first = key_start - (query_start + num_queries - 1)
   columns = num_keys + num_queries - 1
   if causal and num_queries > 1 and first + num_keys >= 1:  # distance 0 is within k + 1 rows
@@ -157,9 +151,8 @@ def _distance_rows(table, query_start, num_queries, key_start, num_keys, causal,
 
 
 def relative_logits(x, table, query_start, key_start, num_keys, causal=False):
-  """Shaw relative logits [..., q, k]: x [..., q, d] . table[clip(key_j - query_i)] for
-  consecutive offsets from query_start, key_start, as one matmul with the distinct distances'
-  rows and a `skew`; with causal only keys up to their query are right (mask the others)."""
+  """Shaw relative logits [..., q, k]: x [..., q, d] . table[clip(key_j - query_i)], one matmul
+  and a `skew`; with causal only keys up to their query are right (mask the others)."""
   num_queries = x.shape[-2]
   rows = _distance_rows(table, query_start, num_queries, key_start, num_keys, causal, x.dtype)
   rel = tf.tensordot(x, rows, [[x.shape.rank - 1], [1]])  # [..., q, columns]

@@ -1,11 +1,7 @@
-"""Routing attention (Roy et al., TACL 2021, Algorithm 1): attention inside balanced k-means
-clusters, in the size of lucidrains' `KmeansAttention`.
-
-Routing heads q, k, v [b, h, n, d], centroids mu [h, c, d]: (1) normalise q and k (LayerNorm
-without scale); (2) assign each to its best centroid (commitment loss); (3) each centroid takes
-its `window` = w best positions, in sequence order; (4-6) attend inside each w x w cluster block
-(causal triangle, unscaled logits); (7) scatter back, divided by each position's cluster count
-(+ 1e-2). Cost O(n c d + c w^2 d), O(n^1.5 d) with c = n / w, w ~ sqrt(n).
+"""Routing attention (Roy et al., TACL 2021, Algorithm 1) of q, k, v [b, h, n, d], centroids
+mu [h, c, d]: (1) normalise q, k (LayerNorm without scale); (2) assign each to its best centroid
+(commitment loss); (3) each centroid takes its w best positions, in order; (4-6) attend inside
+each w x w block (causal triangle, unscaled logits); (7) scatter back / (cluster count + 1e-2).
 """
 import collections
 
@@ -21,14 +17,10 @@ _FIELDS = ("q_hat", "k_hat", "weights", "query_clusters", "key_clusters", "query
 
 
 class Routed(collections.namedtuple("Routed", _FIELDS, defaults=(None,) * len(_FIELDS))):
-  """What routing decided and measured (the k-means step reads it).
-
-  q_hat, k_hat: [b, h, n, d] normalised queries, keys (the same tensor with share_qk);
-  weights: [b, n] 1 for real positions, 0 for padding; query_clusters, key_clusters: int32
-  [b, h, n] argmax centroids (key_clusters None with share_qk); query_indices, key_indices: int32
-  [b, h, c, w] cluster members; commitment_loss: float32 scalar; member_count, self_weight:
-  [b, h, n] diagnostics (`routing_statistics`). Also read as `routed["q_hat"]`.
-  """
+  """What routing decided and measured; also read as `routed["q_hat"]`. q_hat, k_hat [b, h, n, d]
+  (one tensor with share_qk); weights [b, n] (0 at padding); query_clusters, key_clusters int32
+  [b, h, n] (key None with share_qk); query_indices, key_indices int32 [b, h, c, w];
+  commitment_loss scalar; member_count, self_weight [b, h, n] (`routing_statistics`)."""
   __slots__ = ()
 
   def __getitem__(self, key):
@@ -59,8 +51,7 @@ def gather_clusters(x, indices):
 
 
 def scatter_clusters(values, indices, length):
-  """The transpose of `gather_clusters`: values [b, h, c, w, d] summed onto their positions
-  indices [b, h, c, w] of `length`: [b, h, n, d]."""
+  """Transpose of `gather_clusters`: values [b, h, c, w, d] summed at indices -> [b, h, n, d]."""
   shape = tf.shape(values)
   batch, heads, depth = shape[0], shape[1], shape[4]
   offsets = tf.reshape(tf.range(batch * heads) * length, [batch, heads, 1, 1])
@@ -106,9 +97,8 @@ def normalised_inputs(q, k, v, centroids, window, share_qk, padding, relative_ke
 
 
 def padding_roles(padding, causal, as_original=False):
-  """(key mask, member padding, k-means padding) of padding bool [b, n] or None: ours masks
-  padding everywhere; the original release (as_original, hparam `routing_padding_as_original`)
-  routes it like real positions and masks padding keys only in its encoder."""
+  """(key mask, member padding, k-means padding): padding everywhere, or as the original release
+  (hparam `routing_padding_as_original`) routes padding as real, masks its keys only non-causal."""
   if not as_original:
     return padding, padding, padding
   return (None if causal else padding), None, None
@@ -123,16 +113,11 @@ def members(scores, window, padding=None, random_routing=False):
 
 def route(q_hat, k_hat, mu, window, share_qk, route_keys, member_padding=None, weights=None,
           random_routing=False):
-  """Steps 2 and 3: assignments, commitment loss and balanced cluster members -> Routed.
+  """Steps 2 and 3: assignments, commitment loss, balanced cluster members -> Routed.
 
-  Args:
-    q_hat, k_hat: [b, h, n, d] normalised queries and keys; mu: [h, c, d] (stop-gradient).
-    window: w; share_qk: the keys are the queries.
-    route_keys: without share_qk, the keys' members are their own top-w positions (non-causal
-      attention, or the original's causal rule); otherwise the query members.
-    member_padding: optional bool [b, n], positions that lose every top-k tie.
-    weights: [b, n] k-means weight of each position; default 1.
-    random_routing: members drawn at random (the Random Transformer baseline).
+  q_hat, k_hat [b, h, n, d], mu [h, c, d] (stop-gradient); route_keys: without share_qk, keys'
+  members are their own top-w (else the queries'); member_padding: optional bool [b, n], losing
+  every top-k tie; weights: [b, n] k-means weights (default 1); random_routing: random members.
   """
   if weights is None:
     weights = position_weights(None, tf.shape(q_hat)[0], q_hat.shape[2])
@@ -155,9 +140,8 @@ def cluster_attention(aux, v, window, causal, key_padding=None, relative_keys=No
                       relative_values=None, exclude_self=False, logit_scale=None,
                       dropout_rate=0.0):
   """Steps 4 to 7: (output [b, h, n, d] of v's dtype, aux with member_count, self_weight) of
-  aux (`route`) and v [b, h, n, d], computed in q_hat's dtype; causal: key rank <= query rank;
-  key_padding: optional bool [b, n]; the other arguments as `routing_attention`'s.
-  """
+  aux (`route`) and v [b, h, n, d]; causal: key rank <= query rank; the rest as in
+  `routing_attention`."""
   q_hat, query_indices, key_indices = aux.q_hat, aux.query_indices, aux.key_indices
   n = q_hat.shape[2]
   q_c = gather_clusters(q_hat, query_indices)  # [b, h, c, w, d]
@@ -177,8 +161,7 @@ def cluster_attention(aux, v, window, causal, key_padding=None, relative_keys=No
                         batch_dims=1)
     key_pad = tf.reshape(key_pad, tf.shape(key_indices))[:, :, :, tf.newaxis, :]
     allowed = tf.logical_and(allowed, tf.logical_not(key_pad))
-  # The key members are the query members (causal, or share_qk): query rank r's own key is
-  # rank r, so "is self" is the static identity [w, w] (members are distinct positions).
+  # Key members = query members (causal, or share_qk): "is self" is the identity [w, w].
   members_shared = key_indices is query_indices
   if exclude_self:
     is_self = tf.eye(window, dtype=tf.bool) if members_shared else tf.equal(
@@ -213,26 +196,17 @@ def routing_attention(q, k, v, centroids, window, causal=True, share_qk=True, pa
   """Content-based sparse attention inside balanced clusters (Algorithm 1).
 
   Args:
-    q, k, v: [b, h, n, d] routing-head queries, keys, values (k ignored with share_qk).
-    centroids: [h, c, d] k-means centroids (queries and keys share them); window: w.
-    causal: in-cluster causal mask, key members = query members; non-causal: keys routed
-      separately (unless share_qk), not masked.
-    share_qk: keys are the queries (k_hat = q_hat).
-    padding: optional [b, n] bool/int, True at padding (masked as keys, last in top-k ties, no
-      k-means weight).
-    relative_keys, relative_values: optional [2R + 1, d] tables of the rank distance in a cluster.
-    random_routing: the Random Transformer baseline (paper Table 1): members drawn at random.
-    exclude_self, logit_scale: extensions (off in the paper): no attention to one's own position
-      where another key is allowed (`common.exclude_self`); a float or [h] logit scale.
-    legacy_causal_key_routing: causal with separate keys, the original release's rule (its
-      utils.py `clustered_local_attention_helper`, masked=True): the keys of cluster c are the
-      keys' own top-w positions, masked by rank, so a query may see later keys. Only its
-      checkpoints need it (`tools/checkpoints.py`, `legacy_note`).
-    dropout_rate: attention dropout on the weights (TRAIN mode).
-    padding_as_original: padding as the original release treats it (`padding_roles`).
-  bfloat16 q, k, v route and attend in float32; only the output is cast back.
+    q, k, v: [b, h, n, d] (k ignored with share_qk); centroids: [h, c, d]; window: w.
+    causal: in-cluster causal mask, key members = query members; else keys routed on their own.
+    padding: optional [b, n] bool/int, True at padding (masked keys, last in ties, no k-means).
+    relative_keys, relative_values: optional [2R + 1, d] tables of the rank distance.
+    random_routing: the Random Transformer baseline (paper Table 1).
+    exclude_self, logit_scale: extensions (off in the paper; `common.exclude_self`).
+    legacy_causal_key_routing: the original release's causal rule with separate keys (its
+      `clustered_local_attention_helper`): keys' own top-w, masked by rank; for its checkpoints.
+    dropout_rate: attention dropout; padding_as_original: `padding_roles`.
   Returns:
-    (output [b, h, n, d] of v's dtype, Routed).
+    (output [b, h, n, d] of v's dtype, Routed); bfloat16 routes and attends in float32.
   """
   q_hat, k_hat, v, mu, pad, rel_k, rel_v = normalised_inputs(
       q, k, v, centroids, window, share_qk, padding, relative_keys, relative_values,
@@ -246,9 +220,8 @@ def routing_attention(q, k, v, centroids, window, causal=True, share_qk=True, pa
 
 
 def routing_statistics(member_count, self_weight, weights):
-  """TRAIN summaries of Routed.member_count, self_weight [b, h, n] over real positions
-  (weights [b, n]): "no_cluster_share" of queries in no cluster (output 0) and the mean
-  "self_attention_share" of the routed ones."""
+  """TRAIN summaries over real positions: "no_cluster_share" (queries in no cluster, output 0)
+  and the routed ones' mean "self_attention_share"."""
   weights = tf.cast(weights, tf.float32)[:, tf.newaxis, :] * tf.ones_like(self_weight,
                                                                           tf.float32)
   routed = tf.cast(member_count > 0, tf.float32) * weights
