@@ -305,18 +305,28 @@ def geglu_hidden(a, b):
 
 def ffn(x, hparams, train=False):
   """FFN: GEGLU (gelu(x W1) * (x W2)) W3 without biases (`weight1..3`) or T2T's dense-relu-dense
-  (`conv1`, `conv2`); relu_dropout on the hidden units in training."""
-  if hparams.ffn_layer == "geglu":  # gelu in float32 for bfloat16 activations
+  (`conv1`, `conv2`); relu_dropout on the hidden units in training.
+
+  GEGLU's activation and output projection are one `memory.recompute` block: the backward pass
+  keeps x W1 and x W2 and computes gelu(x W1) * (x W2) again, instead of keeping the five
+  [b, n, filter] tensors of TF's own gradients of the activation (the same values; with
+  relu_dropout the block ends before the dropout, which draws random numbers)."""
+  if hparams.ffn_layer == "geglu":
     a, b = dense(x, hparams.filter_size, "weight1"), dense(x, hparams.filter_size, "weight2")
-    wide = kmeans.compute_dtype(a.dtype)
-    h = tf.cast(geglu_hidden(tf.cast(a, wide), tf.cast(b, wide)), a.dtype)
-    out_name = "weight3"
-  elif hparams.ffn_layer == "dense_relu_dense":
-    h = tf.nn.relu(dense(x, hparams.filter_size, "conv1", use_bias=True))
-    out_name = "conv2"
-  else:
+    dropout = train and hparams.relu_dropout
+    def block(a, b, replay):
+      del replay
+      wide = kmeans.compute_dtype(a.dtype)  # gelu in float32 for bfloat16 activations
+      h = tf.cast(geglu_hidden(tf.cast(a, wide), tf.cast(b, wide)), a.dtype)
+      return h if dropout else dense(h, hparams.hidden_size, "weight3")
+    if not dropout:
+      return memory.recompute(block, [a, b])
+    h = memory.recompute(block, [a, b])
+    return dense(tf.nn.dropout(h, rate=hparams.relu_dropout), hparams.hidden_size, "weight3")
+  if hparams.ffn_layer != "dense_relu_dense":
     raise ValueError("ffn_layer=%r is not supported; use 'geglu' or 'dense_relu_dense'."
                      % hparams.ffn_layer)
+  h = tf.nn.relu(dense(x, hparams.filter_size, "conv1", use_bias=True))
   if train and hparams.relu_dropout:
     h = tf.nn.dropout(h, rate=hparams.relu_dropout)
-  return dense(h, hparams.hidden_size, out_name, use_bias=out_name == "conv2")
+  return dense(h, hparams.hidden_size, "conv2", use_bias=True)

@@ -13,6 +13,22 @@ def after(dy, *tensors):
     return [tf.identity(t) for t in tensors]
 
 
+def recompute_tensors(fn, *tensors):
+  """fn(*tensors) for a function of float tensors alone (no variables, no random numbers),
+  keeping only `tensors` for the backward pass, which runs fn again once the output's gradient
+  exists; a GradientTape, so it works eagerly too (Keras)."""
+  @tf.custom_gradient
+  def block(*args):
+    def grad(dy):
+      again = after(dy, *args)
+      with tf.GradientTape() as tape:
+        tape.watch(again)
+        y = fn(*again)
+      return tape.gradient(y, again, output_gradients=dy)
+    return fn(*args), grad
+  return block(*tensors)
+
+
 def recompute(fn, inputs, substitutes=None, differentiable=None, serial=None):
   """fn(*inputs, replay=False), recomputed in the backward pass (fn(*inputs, replay=True)).
 

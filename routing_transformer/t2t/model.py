@@ -233,22 +233,55 @@ class RoutingTransformer(t2t_model.T2TModel):
     return self.preprocess(x)
 
   def preprocess(self, x):
-    """T2T's layer_preprocess, its normalisation in float32 (`in_float32`)."""
-    return self.in_float32(common_layers.layer_preprocess,
-                           self.hparams.layer_preprocess_sequence, x)
+    """T2T's layer_preprocess (`process`, default scope `layer_prepostprocess`)."""
+    return self.process(None, x, self.hparams.layer_preprocess_sequence, "layer_prepostprocess")
 
   def postprocess(self, x, y):
-    """T2T's layer_postprocess (residual x + y), its normalisation in float32 (`in_float32`)."""
-    return self.in_float32(common_layers.layer_postprocess,
-                           self.hparams.layer_postprocess_sequence, x, y)
+    """T2T's layer_postprocess of y with residual x (`process`, scope `layer_postprocess`)."""
+    return self.process(x, y, self.hparams.layer_postprocess_sequence, "layer_postprocess")
 
-  def in_float32(self, process, sequence, *tensors):
-    """process(*tensors, hparams); with bfloat16 activations and a normalisation ("n") in the
-    T2T `sequence`, the tensors go in as float32 and the result comes back as bfloat16."""
-    dtype = tensors[-1].dtype
-    if dtype == tf.float32 or sequence == "none" or "n" not in sequence:
-      return process(*tensors, self.hparams)
-    return tf.cast(process(*[tf.cast(t, tf.float32) for t in tensors], self.hparams), dtype)
+  def process(self, previous, x, sequence, default_name):
+    """T2T's `layer_prepostprocess`, step for step and in its variable scopes: "a" adds
+    `previous`, "d" drops out (layer_prepostprocess_dropout), "n" normalises (`norm`). With
+    bfloat16 activations and an "n" in the sequence the steps run in float32 and the result comes
+    back as bfloat16."""
+    hparams = self.hparams
+    dtype = x.dtype
+    wide = dtype != tf.float32 and "n" in sequence
+    with tf1.variable_scope(None, default_name=default_name):
+      if sequence == "none":
+        return x
+      if wide:
+        x = tf.cast(x, tf.float32)
+        previous = None if previous is None else tf.cast(previous, tf.float32)
+      for step in sequence:
+        if step == "a":
+          x += previous
+        elif step == "d":
+          x = common_layers.dropout_with_broadcast_dims(
+              x, 1.0 - hparams.layer_prepostprocess_dropout,
+              broadcast_dims=common_layers.comma_separated_string_to_integer_list(
+                  hparams.get("layer_prepostprocess_dropout_broadcast_dims", "")))
+        elif step == "n":
+          x = self.norm(x)
+        else:
+          raise ValueError("layer pre/postprocess step %r is not supported; use 'a', 'd', 'n'"
+                           % step)
+      return tf.cast(x, dtype) if wide else x
+
+  def norm(self, x):
+    """T2T's `apply_norm` (norm_type, norm_epsilon). In training a memory.recompute block (not
+    batch norm, which keeps moving statistics): the backward pass keeps x and normalises again
+    instead of keeping the normalisation's [b, n, hidden] intermediates (the same values)."""
+    hparams = self.hparams
+
+    def normalise(x, replay=False):
+      del replay
+      return common_layers.apply_norm(x, hparams.norm_type, None, hparams.norm_epsilon)
+
+    if self.is_train and hparams.norm_type != "batch":
+      return memory_lib.recompute(normalise, [x])
+    return normalise(x)
 
   def block(self, x, i, attend, memory_attend=None):
     """One residual block (in scope `<prefix>_layer_<i>`); see `layer_stack`."""

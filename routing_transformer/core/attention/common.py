@@ -3,6 +3,7 @@ relative positions, argument checks. b = batch, h = heads, n = length, d = depth
 import tensorflow as tf
 
 from routing_transformer.core import kmeans
+from routing_transformer.core import memory
 
 
 layer_norm_no_scale = kmeans.layer_norm_no_scale  # routing's normalisation
@@ -165,7 +166,10 @@ def relative_outputs(probs, table, query_start, key_start, causal=False):
   num_queries, num_keys = probs.shape[-2], probs.shape[-1]
   rows = _distance_rows(table, query_start, num_queries, key_start, num_keys, causal,
                         probs.dtype)
-  return tf.tensordot(unskew(probs, rows.shape[0]), rows, [[probs.shape.rank - 1], [0]])
+  # a memory.recompute_tensors block: the backward pass unskews probs again, not kept
+  return memory.recompute_tensors(
+      lambda p, r: tf.tensordot(unskew(p, r.shape[0]), r, [[p.shape.rank - 1], [0]]), probs,
+      rows)
 
 
 def check_qkv(q, k, v, name):

@@ -36,29 +36,15 @@ def memory_blocks(x, block_length, before, after):
 
 
 def memory_product(a, x, block_length, before, after, adjoint_b=False):
-  """tf.matmul(a, memory_blocks(x, ...), adjoint_b=adjoint_b), keeping a and x for the backward
-  pass, which rebuilds the blocks ((before + 1 + after) times x's size) once the incoming
-  gradient exists (`rebuild.after`) and takes TF's own gradients of the plain ops. A batch
-  matmul, not an einsum, whose gradient for the blocks also transposes its output.
-
-  a: [b, h, nb, bq, d] queries (adjoint_b: logits a . blocks^T) or [b, h, nb, bq, W] weights;
-  x: [b, h, n, d]; W = (before + 1 + after) * block_length. Returns [b, h, nb, bq, W]
-  (adjoint_b) or [b, h, nb, bq, d].
-  """
-  blocks = lambda t: memory_blocks(t, block_length, before, after)
-  product = lambda a, x: tf.matmul(a, blocks(x), adjoint_b=adjoint_b)
-
-  @tf.custom_gradient
-  def rebuilt(a, x):
-    def grad(dout):
-      with tf.GradientTape() as tape:
-        tape.watch([a, x])
-        again = product(a, memory.after(dout, x)[0])  # the blocks, in the backward pass
-      return tape.gradient(again, [a, x], output_gradients=dout)
-
-    return product(a, x), grad
-
-  return rebuilt(a, x)
+  """tf.matmul(a, memory_blocks(x, ...), adjoint_b=adjoint_b) as a `memory.recompute_tensors`
+  block: the backward pass keeps a and x and builds the blocks ((before + 1 + after) times x's
+  size) again. A batch matmul, not an einsum, whose gradient for the blocks also transposes its
+  output. a: [b, h, nb, bq, d] queries (adjoint_b: logits a . blocks^T) or [b, h, nb, bq, W]
+  weights; x: [b, h, n, d]; W = (before + 1 + after) * block_length. Returns [b, h, nb, bq, W]
+  (adjoint_b) or [b, h, nb, bq, d]."""
+  return memory.recompute_tensors(
+      lambda a, x: tf.matmul(a, memory_blocks(x, block_length, before, after),
+                             adjoint_b=adjoint_b), a, x)
 
 
 def local_attention(q, k, v, block_length, flange, causal=True, relative_keys=None,

@@ -167,12 +167,13 @@ def cluster_attention(aux, v, window, causal, key_padding=None, relative_keys=No
     is_self = tf.eye(window, dtype=tf.bool) if members_shared else tf.equal(
         query_indices[..., :, tf.newaxis], key_indices[..., tf.newaxis, :])
     allowed = common.exclude_self(tf.broadcast_to(allowed, tf.shape(logits)), is_self)
-  # A query whose allowed keys are all padding gets 0.
-  probs = common.masked_softmax(logits, allowed, zero_empty=key_padding is not None)
+  probs = common.masked_softmax(logits, allowed)
   dropped = common.attention_dropout(probs, dropout_rate)
   out_c = tf.matmul(dropped, v_c)
   if relative_values is not None:
     out_c += common.relative_outputs(dropped, relative_values, 0, 0, causal=causal)
+  if key_padding is not None:  # a query whose allowed keys are all padding gets 0
+    out_c = common.zero_empty_rows(out_c, allowed)  # (on the output: no second [w, w] copy)
 
   summed = scatter_clusters(out_c, query_indices, n)
   ones = tf.ones_like(query_indices, dtype=summed.dtype)[..., tf.newaxis]
@@ -184,6 +185,8 @@ def cluster_attention(aux, v, window, causal, key_padding=None, relative_keys=No
     is_self = tf.cast(tf.equal(query_indices[..., :, tf.newaxis],
                                key_indices[..., tf.newaxis, :]), probs.dtype)
     self_probs = tf.reduce_sum(probs * is_self, axis=-1, keepdims=True)  # [b, h, c, w, 1]
+  if key_padding is not None:
+    self_probs = common.zero_empty_rows(self_probs, allowed)
   self_weight = scatter_clusters(self_probs, query_indices, n) / (count + COUNT_EPSILON)
   aux = aux._replace(member_count=count[..., 0], self_weight=self_weight[..., 0])
   return tf.cast(summed / (count + COUNT_EPSILON), v.dtype), aux
