@@ -13,7 +13,8 @@ with and without `recompute_layers` and with float32 or bfloat16 activations:
               no fusion): per block its input, q/k/v (with share_qk without the routing heads'
               keys), attention probabilities (the local heads' key/value memory blocks are
               rebuilt from k and v), the heads' and head_dense's outputs, both post-norm
-              LayerNorms' float32 inputs, the FFN input and GEGLU's six [n, filter] tensors;
+              LayerNorms' float32 inputs, the FFN input and GEGLU's two [n, filter] products
+              (x W1, x W2: the activation is recomputed in the backward pass);
               outside the blocks the embeddings, the output projection's input and the float32
               logits and softmax (with --logits_chunk_size those of one chunk of positions).
               recompute_layers: the block inputs (checkpoints) + one re-run block's tensors.
@@ -28,6 +29,11 @@ differentiated, XLA scratch) are not counted: an estimate of what stays alive, n
 
 Usage: python scripts/memory_estimate.py [--vocab 32768] [--length 8192] [--logits_chunk_size 0]
                                          [--recompute_attention]
+       python scripts/memory_estimate.py --paper_sets
+--paper_sets: every paper set (read from the registry: imports T2T) in GiB at its max_length,
+with the switches added in the order chunk (logits_chunk_size=1024), att (recompute_attention),
+layers (recompute_layers), then bfloat16 activations, and for 16 / 24 / 40 GiB devices the first
+of these that leaves 15% of the device free ("-": the set's dropout refuses the switch).
 """
 import argparse
 import os
@@ -47,6 +53,51 @@ PG19_LOCAL_CLUSTER8K = dict(
 VOCAB = 32768  # the released vocabulary, vocab.pg19_length8k.32768.subwords
 
 
+PAPER_SETS = ("pg19_local_cluster8k", "pg19_local8k", "enwik8_local8k", "enwik8_local12k",
+              "enwik8_local_cluster8k", "enwik8_local_cluster12k", "wikitext103_local4k",
+              "wikitext103_local_cluster4k", "wikitext103_local_cluster1k", "imagenet_local1d",
+              "imagenet_local_cluster", "cifar10_local1d", "cifar10_local_cluster")
+VOCABS = {"pg19": VOCAB, "wikitext103": 267735, "enwik8": 256, "imagenet": 256, "cifar10": 256}
+DEVICES_GIB = (16, 24, 40)
+
+
+def switch_steps(hp):
+  """[(label, step_memory kwargs)] in the order the table adds them, up to the first refused:
+  recompute_attention refuses attention dropout, recompute_layers also relu dropout and
+  random_routing (and needs layer_prepostprocess_dropout=0, which the user sets)."""
+  steps = [("none", {}), ("chunk", dict(logits_chunk=1024))]
+  if not hp.attention_dropout:
+    steps.append(("chunk + att", dict(logits_chunk=1024, recompute_attention=True)))
+    if not hp.relu_dropout and not hp.get("random_routing", False):
+      steps.append(("chunk + att + layers", dict(logits_chunk=1024, recompute_attention=True,
+                                                 recompute=True)))
+  label, kwargs = steps[-1]
+  steps.append((("" if label == "none" else label + " + ") + "bfloat16", dict(kwargs, bf16=True)))
+  return steps
+
+
+def paper_sets_table():
+  """The markdown table of --paper_sets."""
+  import hparams  # pylint: disable=g-import-not-at-top,unused-import
+  from tensor2tensor.utils import registry  # pylint: disable=g-import-not-at-top
+  lines = ["| set | params | none | chunk + att | + layers | " +
+           " | ".join("%d GiB" % d for d in DEVICES_GIB) + " |", "|---" * 8 + "|"]
+  for name in PAPER_SETS:
+    hp = registry.hparams(name)
+    cfg, vocab = cost.config(hp), VOCABS[name.split("_")[0]]
+    totals = [(label, cost.step_memory(cfg, vocab, **kwargs)["total"] / GIB)
+              for label, kwargs in switch_steps(hp)]
+    by_label = dict(totals)
+    fits = [next((label for label, total in totals if total <= 0.85 * device),
+                 "does not fit") for device in DEVICES_GIB]
+    lines.append("| `%s` | %.1fM | %.1f | %s | %s | %s |" % (
+        name, cost.step_memory(cfg, vocab)["parameters"] / 1e6, by_label["none"],
+        "%.1f" % by_label["chunk + att"] if "chunk + att" in by_label else "-",
+        "%.1f" % by_label["chunk + att + layers"] if "chunk + att + layers" in by_label else "-",
+        " | ".join(fits)))
+  return "\n".join(lines)
+
+
 def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   parser.add_argument("--vocab", type=int, default=VOCAB)
@@ -55,7 +106,12 @@ def main(argv=None):
                       help="positions per chunk of the output projection + loss (0: whole)")
   parser.add_argument("--recompute_attention", action="store_true",
                       help="the attention re-run from q, k, v in the backward pass")
+  parser.add_argument("--paper_sets", action="store_true",
+                      help="the table of every paper set and the switches that fit a device")
   args = parser.parse_args(argv)
+  if args.paper_sets:
+    print(paper_sets_table())
+    return
   cfg = dict(PG19_LOCAL_CLUSTER8K, length=args.length)
   print("pg19_local_cluster8k, one sequence of %d tokens per device, vocab %d (%s parameters), "
         "logits_chunk_size %d, recompute_attention %s" % (

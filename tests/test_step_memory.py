@@ -336,6 +336,33 @@ def test_memory_product_rebuilds_the_blocks_for_its_gradient(rng, before, after,
     np.testing.assert_allclose(session.run(einsum), values[0], rtol=1e-6)
 
 
+@pytest.mark.parametrize("dtype", [tf.float64, tf.float32])
+@pytest.mark.parametrize("causal,key_start", [(True, 0), (True, -8), (False, -4)])
+def test_relative_outputs_recompute_the_unskewed_weights(rng, dtype, causal, key_start):
+  """common.relative_outputs (a memory.recompute_tensors block) against the plain product of
+  `unskew` and the distances' rows: the same values and gradients of the weights and the table
+  bit for bit (the same ops run), and its backward pass reads the weights [..., q, k], not the
+  unskewed [..., q, u] copy."""
+  q, k, d = 4, 12, 3
+  graph = tf.Graph()
+  with graph.as_default():
+    probs = tf.exp(tf.constant(rng.standard_normal((2, 3, q, k)), dtype))
+    table = tf.exp(tf.constant(rng.standard_normal((2 * 16 + 1, d)), dtype))
+    cotangent = tf.constant(rng.standard_normal((2, 3, q, d)), dtype)
+    got = common.relative_outputs(probs, table, 0, key_start, causal=causal)
+    rows = common._distance_rows(table, 0, q, key_start, k, causal, dtype)  # pylint: disable=protected-access
+    unskewed = common.unskew(probs, rows.shape[0])
+    want = tf.tensordot(unskewed, rows, [[3], [0]])
+  kept_got, kept_want, values = kept_and_values(
+      graph, got, want, [probs, table], lambda y: tf.reduce_sum(y * cotangent))
+  for got_v, want_v in zip(values[0:1] + values[2:4], values[1:2] + values[4:6]):
+    np.testing.assert_array_equal(got_v, want_v)
+  assert np.abs(values[3]).max() > 0
+  unskewed_bytes = int(np.prod(unskewed.shape.as_list())) * dtype.size
+  kept_bytes = [sum(v[0] for v in kept.values()) for kept in (kept_got, kept_want)]
+  assert kept_bytes[1] - kept_bytes[0] >= unskewed_bytes, (kept_got, kept_want)
+
+
 def test_ordered_softmax_equals_the_softmax_and_its_gradient(rng):
   """masked_softmax(ordered=True) (causal_window's: a sequential denominator) against tf.nn.softmax of
   the masked logits, float64: values and gradients; a row with nothing allowed is uniform as

@@ -85,9 +85,9 @@ def relative_to_full(hparams, length=None):
 
 # --- Memory of one training step per device (one sequence), from a `config` ---------------------
 
-# [n, filter] tensors TF's gradients of the FFN read: GEGLU x W1, x W2, gelu's tanh and cdf,
-# gelu(x W1), the product (`layers.gelu`); dense_relu_dense relu's output.
-FFN_KEPT = {"geglu": 6, "dense_relu_dense": 1}
+# [n, filter] tensors the FFN keeps for its gradients: GEGLU x W1 and x W2 (the activation and
+# output projection are recomputed, `layers.ffn`); dense_relu_dense relu's output.
+FFN_KEPT = {"geglu": 2, "dense_relu_dense": 1}
 
 
 def config(hparams):

@@ -11,6 +11,7 @@ import tensorflow as tf
 from routing_transformer.core import heads
 from routing_transformer.core import kmeans
 from routing_transformer.core import layers
+from routing_transformer.core import memory
 
 ROUTING_MODES = ("topk", "causal_window")
 LOGIT_SCALES = ("none", "rsqrt_depth", "learned")  # as the hparam routing_logit_scale
@@ -301,7 +302,9 @@ class RoutingTransformerBlock(keras.layers.Layer):
     rate = self.dropout if training else 0.0
     y = self.attention(x, padding=padding, mask=mask, training=training)
     x = self.norm1(x + (tf.nn.dropout(y, rate) if rate else y))
-    y = self.weight3(layers.geglu_hidden(self.weight1(x), self.weight2(x)))
+    # the activation recomputed in the backward pass (keeps x W1, x W2 and the product)
+    y = self.weight3(memory.recompute_tensors(layers.geglu_hidden, self.weight1(x),
+                                              self.weight2(x)))
     return self.norm2(x + (tf.nn.dropout(y, rate) if rate else y))
 
 

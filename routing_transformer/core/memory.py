@@ -1,7 +1,11 @@
-"""The memory switches, one mechanism: `recompute(fn, inputs)` keeps fn's inputs and re-runs fn in
-the backward pass, around a layer (`recompute_layers`), its heads (`recompute_attention`) and
-logits chunks (`logits_chunk_size`); `tf.custom_gradient`, as TF 2.15's `tf.recompute_grad` cannot
-replay tf.compat.v1 variables. Random numbers are not replayed: callers refuse them."""
+"""Rematerialisation, one mechanism: `recompute(fn, inputs)` keeps fn's inputs and re-runs fn in
+the backward pass (`tf.custom_gradient`: TF 2.15's `tf.recompute_grad` cannot replay
+tf.compat.v1 variables); `recompute_tensors` the same for functions of tensors alone (a
+GradientTape: eager too). Always around small blocks whose intermediates TF's own gradients would
+keep (GEGLU's activation and output projection, each normalisation, the Shaw value term, local
+attention's key blocks); by switch around a layer (`recompute_layers`), its heads
+(`recompute_attention`) and logits chunks (`logits_chunk_size`). Random numbers are not
+replayed: callers keep them outside a block or refuse them."""
 import tensorflow as tf
 
 tf1 = tf.compat.v1
