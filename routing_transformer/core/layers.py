@@ -307,22 +307,20 @@ def ffn(x, hparams, train=False):
   """FFN: GEGLU (gelu(x W1) * (x W2)) W3 without biases (`weight1..3`) or T2T's dense-relu-dense
   (`conv1`, `conv2`); relu_dropout on the hidden units in training.
 
-  GEGLU's activation and output projection are one `memory.recompute` block: the backward pass
-  keeps x W1 and x W2 and computes gelu(x W1) * (x W2) again, instead of keeping the five
-  [b, n, filter] tensors of TF's own gradients of the activation (the same values; with
+  GEGLU's activation and output projection are one `memory.recompute_tensors` block: the
+  backward pass keeps x W1 and x W2 and computes gelu(x W1) * (x W2) again, instead of keeping
+  the five [b, n, filter] tensors of TF's own gradients of the activation (the same values; with
   relu_dropout the block ends before the dropout, which draws random numbers)."""
   if hparams.ffn_layer == "geglu":
     a, b = dense(x, hparams.filter_size, "weight1"), dense(x, hparams.filter_size, "weight2")
-    dropout = train and hparams.relu_dropout
-    def block(a, b, replay):
-      del replay
-      wide = kmeans.compute_dtype(a.dtype)  # gelu in float32 for bfloat16 activations
-      h = tf.cast(geglu_hidden(tf.cast(a, wide), tf.cast(b, wide)), a.dtype)
-      return h if dropout else dense(h, hparams.hidden_size, "weight3")
-    if not dropout:
-      return memory.recompute(block, [a, b])
-    h = memory.recompute(block, [a, b])
-    return dense(tf.nn.dropout(h, rate=hparams.relu_dropout), hparams.hidden_size, "weight3")
+    wide = kmeans.compute_dtype(a.dtype)  # gelu in float32 for bfloat16 activations
+    hidden = lambda a, b: tf.cast(geglu_hidden(tf.cast(a, wide), tf.cast(b, wide)), a.dtype)
+    if not (train and hparams.relu_dropout):
+      kernel = tf.convert_to_tensor(
+          dense_kernel("weight3", hparams.filter_size, hparams.hidden_size, a.dtype))
+      return memory.recompute_tensors(lambda a, b, w: matmul(hidden(a, b), w), a, b, kernel)
+    h = tf.nn.dropout(memory.recompute_tensors(hidden, a, b), rate=hparams.relu_dropout)
+    return dense(h, hparams.hidden_size, "weight3")
   if hparams.ffn_layer != "dense_relu_dense":
     raise ValueError("ffn_layer=%r is not supported; use 'geglu' or 'dense_relu_dense'."
                      % hparams.ffn_layer)

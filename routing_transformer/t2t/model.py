@@ -270,18 +270,19 @@ class RoutingTransformer(t2t_model.T2TModel):
       return tf.cast(x, dtype) if wide else x
 
   def norm(self, x):
-    """T2T's `apply_norm` (norm_type, norm_epsilon). In training a memory.recompute block (not
-    batch norm, which keeps moving statistics): the backward pass keeps x and normalises again
-    instead of keeping the normalisation's [b, n, hidden] intermediates (the same values)."""
+    """T2T's `apply_norm` (norm_type, norm_epsilon). In training T2T's layer norm is a
+    `memory.recompute_tensors` block of x and its variables (T2T's `layer_norm_vars`, the same
+    names): the backward pass keeps x and normalises again instead of keeping the
+    normalisation's [b, n, hidden] intermediates (the same values)."""
     hparams = self.hparams
-
-    def normalise(x, replay=False):
-      del replay
+    if not (self.is_train and hparams.norm_type == "layer"):
       return common_layers.apply_norm(x, hparams.norm_type, None, hparams.norm_epsilon)
-
-    if self.is_train and hparams.norm_type != "batch":
-      return memory_lib.recompute(normalise, [x])
-    return normalise(x)
+    with tf1.variable_scope(None, default_name="layer_norm", values=[x]):
+      scale, bias = common_layers.layer_norm_vars(x.shape[-1])
+    return memory_lib.recompute_tensors(
+        lambda x, scale, bias: common_layers.layer_norm_compute(
+            x, hparams.norm_epsilon, scale, bias), x, tf.convert_to_tensor(scale),
+        tf.convert_to_tensor(bias))
 
   def block(self, x, i, attend, memory_attend=None):
     """One residual block (in scope `<prefix>_layer_<i>`); see `layer_stack`."""
