@@ -49,7 +49,7 @@ PG19_LOCAL_CLUSTER8K = dict(
     length=8192, hidden=1032, embedding=1032, filter=4096, layers=22, local_heads=6,
     routing_heads=2, skip_first=21, clusters=16, window=512, block=256, flange=256,
     max_relative_position=513, local_relative=True, routing_relative=True, head_dense=True,
-    ffn="geglu", ema=True, share_qk=True, routing_mode="topk")
+    ffn="geglu", ema=True, share_qk=True, routing_mode="topk", relu_dropout=0.0)
 VOCAB = 32768  # the released vocabulary, vocab.pg19_length8k.32768.subwords
 
 

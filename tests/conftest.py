@@ -20,6 +20,29 @@ import pytest  # pylint: disable=g-import-not-at-top,wrong-import-position
 import forked_binaries  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 
+def _sessions_without_grappler():
+  """tf.compat.v1 sessions made in the test processes run their graphs without Grappler's
+  rewrites (disable_meta_optimizer): a test runs each small graph a few times, and optimising
+  it costs more than running it. What a user's training runs, Grappler included, the
+  end-to-end runs through the T2T binaries (their own processes) keep."""
+  from tensorflow.core.protobuf import config_pb2  # pylint: disable=g-import-not-at-top
+  from tensorflow.python.client import session as session_lib  # pylint: disable=g-import-not-at-top
+  init = session_lib.Session.__init__
+
+  def __init__(self, target="", graph=None, config=None):
+    ours = config_pb2.ConfigProto()
+    if config is not None:
+      ours.CopyFrom(config)
+    ours.graph_options.rewrite_options.disable_meta_optimizer = True
+    init(self, target, graph, ours)
+
+  session_lib.Session.__init__ = __init__
+
+
+if os.environ.get("RT_TESTS_GRAPPLER", "0") != "1":
+  _sessions_without_grappler()
+
+
 def benchmark_module(name):
   """benchmarks/<name>.py, imported with benchmarks/ on sys.path (its modules import each other)."""
   here = os.path.join(ROOT, "benchmarks")

@@ -103,7 +103,8 @@ def config(hparams):
       max_relative_position=hparams.max_relative_position,
       local_relative=hparams.local_relative, routing_relative=hparams.sparsity_cluster_relative,
       head_dense=hparams.head_dense, ffn=hparams.ffn_layer, ema=hparams.ema,
-      share_qk=hparams.share_qk, routing_mode=_get(hparams, "routing_mode", "topk"))
+      share_qk=hparams.share_qk, routing_mode=_get(hparams, "routing_mode", "topk"),
+      relu_dropout=hparams.relu_dropout)
 
 
 def config_heads(cfg, layer):
@@ -173,7 +174,9 @@ def layer_activation_bytes(cfg, i, act, f32=4, recompute_attention=False):
       "head_dense output": n * h * act if cfg["head_dense"] else 0,
       "post-norm LayerNorm inputs": 2 * n * h * f32,  # the residual sums (`norm.layer_norm`)
       "ffn input": n * h * act,
-      "ffn intermediates": FFN_KEPT[cfg["ffn"]] * n * f * act,
+      # relu_dropout: also the dropped hidden units (W3's input) and the keep mask (bool)
+      "ffn intermediates": (FFN_KEPT[cfg["ffn"]] * n * f * act +
+                            (n * f * (act + 1) if cfg.get("relu_dropout") else 0)),
   }
 
 
