@@ -109,17 +109,20 @@ def check_hparams(hparams, length=None):
 # path) drops: XLA's buffer assignment of bench-8k's step with each of them on is the plain
 # step's (benchmarks/xla_memory.py at 1,024 tokens: recompute_layers identical,
 # recompute_attention 0.99).
-XLA_INERT_SWITCHES = ("recompute_layers", "recompute_attention")
+XLA_INERT_SWITCHES = ("recompute_layers", "recompute_attention", "logits_chunk_size")
 
 
 def refuse_xla_inert_switches(hparams):
-  """HParamsError (one line) when a switch of XLA_INERT_SWITCHES is on for a TPU run."""
-  on = [name for name in XLA_INERT_SWITCHES if getattr(hparams, name)]
+  """HParamsError (one line) when a switch of XLA_INERT_SWITCHES is on for a TPU run: XLA merges
+  their recomputation with the forward pass (benchmarks/xla_memory.py: the step's buffers are the
+  plain step's, or more with chunked logits)."""
+  on = ["%s=%s" % (name, getattr(hparams, name)) for name in XLA_INERT_SWITCHES
+        if getattr(hparams, name)]
   if on:
     raise HParamsError(
-        "%s: save no memory on TPU: XLA drops the control dependencies their recomputation "
-        "relies on (benchmarks/xla_memory.py); unset them with --use_tpu (logits_chunk_size "
-        "and activation_dtype=bfloat16 remain)" % ", ".join("%s=True" % name for name in on))
+        "%s: save no memory on TPU: XLA merges their recomputation with the forward pass "
+        "(benchmarks/xla_memory.py); unset them with --use_tpu (activation_dtype=bfloat16 "
+        "remains)" % ", ".join(on))
 
 
 def activation_dtype(hparams):
