@@ -94,15 +94,34 @@ def pytest_collection_modifyitems(items):
 
 
 def _base_defaults():
-  """The project's hparams defaults (hparams/base.py's sparse_transformer_local) by name; {}
-  without Tensor2Tensor (the current-TensorFlow profile)."""
+  """The project's hparams defaults (hparams/base.py's sparse_transformer_local) by name; without
+  Tensor2Tensor (the current-TensorFlow profile) the literal values base.py sets, read from its
+  source."""
   if not hasattr(_base_defaults, "values"):
     try:
       from hparams import base  # pylint: disable=g-import-not-at-top
       _base_defaults.values = base.sparse_transformer_local().values()
     except ImportError:
-      _base_defaults.values = {}
+      _base_defaults.values = _base_literals()
   return _base_defaults.values
+
+
+def _base_literals():
+  """{name: value} of `hparams.name = literal` and `_add(hparams, name=literal)` in
+  hparams/base.py's sparse_transformer_local."""
+  import ast  # pylint: disable=g-import-not-at-top
+  with open(os.path.join(ROOT, "hparams", "base.py")) as f:
+    tree = ast.parse(f.read())
+  function = next(node for node in tree.body if isinstance(node, ast.FunctionDef) and
+                  node.name == "sparse_transformer_local")
+  values = {}
+  for node in ast.walk(function):
+    if (isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Attribute) and
+        getattr(node.targets[0].value, "id", None) == "hparams"):
+      values[node.targets[0].attr] = ast.literal_eval(node.value)
+    elif isinstance(node, ast.Call) and getattr(node.func, "id", None) == "_add":
+      values.update((kw.arg, ast.literal_eval(kw.value)) for kw in node.keywords)
+  return values
 
 
 class HParamsStandIn(types.SimpleNamespace):

@@ -229,3 +229,15 @@ def test_tiny_sets_carry_the_recipe_that_learns_look_ups(registry, name):
     assert (hp.learning_rate_warmup_steps, hp.learning_rate_constant) == (100, 0.01)
     assert hp.learning_rate_schedule == "constant*linear_warmup"  # held: no decay
   assert registry.hparams("pg19_local_cluster8k").initializer_gain == pytest.approx(0.2)
+
+
+def test_layer_tests_stand_in_defaults_without_t2t_are_the_registered_ones():
+  """conftest's fallback for the current-TensorFlow profile (no T2T) reads base.py's literal
+  values; each equals what the registered base set holds."""
+  import conftest  # pylint: disable=g-import-not-at-top
+  from hparams import base  # pylint: disable=g-import-not-at-top
+  literals, registered = conftest._base_literals(), base.sparse_transformer_local().values()  # pylint: disable=protected-access
+  assert len(literals) > 40 and "legacy_kmeans_counts" in literals
+  for name, value in literals.items():
+    normal = lambda x: list(x) if isinstance(x, (list, tuple)) else x
+    assert normal(registered[name]) == normal(value), name
