@@ -301,47 +301,51 @@ def _tokens_row(start, first, figures, columns):
       str(figures[c]["tokens"]) for c in columns))
 
 
-def perturb_markdown(result):
-  """Per model: perplexity [95%] of the targets with the first m tokens perturbed, by kind."""
-  found = _with(result, "perturb")
+def _probe_table(result, probe, axis, prefix, title, lead, rows_of, figures_of):
+  """A probe's markdown table: title(protocol), columns model, `lead`, then `prefix` + each value
+  of the protocol's `axis`; rows_of(label, figures, protocol, columns) per model; the tokens row
+  (figures_of(the first model's figures)). "" when no model ran the probe."""
+  found = _with(result, probe)
   if not found:
     return ""
-  p = result["protocol"]["perturb"]
-  ms = [str(m) for m in p["m"]]
-  lines = ["\n**Perturbations** of the first m tokens of N=%d inputs (the token probe's "
-           "targets; %d runs of the random kinds, averaged): perplexity [95%% bootstrap interval "
-           "over inputs]; none = unperturbed" % (p["n"], p["runs"]),
-           "| model | kind | none | " + " | ".join("m=%s" % m for m in ms) + " |",
-           "|---|---|---|" + "---|" * len(ms)]
+  p = result["protocol"][probe]
+  columns = [str(x) for x in p[axis]]
+  lines = [title(p), "| model | %s | " % " | ".join(lead) +
+           " | ".join(prefix + c for c in columns) + " |",
+           "|---" * (1 + len(lead) + len(columns)) + "|"]
   for label, f in found:
-    for kind in p["kinds"]:
-      lines.append(_row(label, [kind, cell(f["baseline"])],
-                        [f["kinds"][kind].get(m) for m in ms]))
-    if f["dropped"]:
-      lines.append("| %s | tokens dropped per input (drop = control) | | %s |" % (
-          label, " | ".join("%.1f" % f["dropped"][m]["mean"] for m in ms)))
+    lines += rows_of(label, f, p, columns)
   first = found[0][1]
-  lines.append(_tokens_row("| tokens | |", first, next(iter(first["kinds"].values())), ms))
+  lines.append(_tokens_row("| tokens |" + " |" * (len(lead) - 1), first, figures_of(first),
+                           columns))
   return "\n".join(lines) + "\n"
+
+
+def perturb_markdown(result):
+  """Per model: perplexity [95%] of the targets with the first m tokens perturbed, by kind."""
+  def rows(label, f, p, ms):
+    out = [_row(label, [kind, cell(f["baseline"])], [f["kinds"][kind].get(m) for m in ms])
+           for kind in p["kinds"]]
+    if f["dropped"]:
+      out.append("| %s | tokens dropped per input (drop = control) | | %s |" % (
+          label, " | ".join("%.1f" % f["dropped"][m]["mean"] for m in ms)))
+    return out
+  title = lambda p: ("\n**Perturbations** of the first m tokens of N=%d inputs (the token "
+                     "probe's targets; %d runs of the random kinds, averaged): perplexity [95%% "
+                     "bootstrap interval over inputs]; none = unperturbed" % (p["n"], p["runs"]))
+  return _probe_table(result, "perturb", "m", "m=", title, ["kind", "none"], rows,
+                      lambda f: next(iter(f["kinds"].values())))
 
 
 def copy_markdown(result):
   """Per model: perplexity [95%] of the targets with their sequence copied d tokens before."""
-  found = _with(result, "copy")
-  if not found:
-    return ""
-  p = result["protocol"]["copy"]
-  ds = [str(d) for d in p["d"]]
-  lines = ["\n**Sequence copy**: the target sequence (with %d tokens before it) pasted d tokens "
-           "before the targets of N=%d inputs: perplexity [95%% bootstrap interval over inputs]; "
-           "none = no copy" % (p["context"], p["n"]),
-           "| model | none | " + " | ".join("d=%s" % d for d in ds) + " |",
-           "|---|---|" + "---|" * len(ds)]
-  for label, f in found:
-    lines.append(_row(label, [cell(f["baseline"])], [f["distances"].get(d) for d in ds]))
-  first = found[0][1]
-  lines.append(_tokens_row("| tokens |", first, first["distances"], ds))
-  return "\n".join(lines) + "\n"
+  rows = lambda label, f, p, ds: [_row(label, [cell(f["baseline"])],
+                                       [f["distances"].get(d) for d in ds])]
+  title = lambda p: ("\n**Sequence copy**: the target sequence (with %d tokens before it) pasted "
+                     "d tokens before the targets of N=%d inputs: perplexity [95%% bootstrap "
+                     "interval over inputs]; none = no copy" % (p["context"], p["n"]))
+  return _probe_table(result, "copy", "d", "d=", title, ["none"], rows,
+                      lambda f: f["distances"])
 
 
 def suffix_markdown(result):
