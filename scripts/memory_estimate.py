@@ -85,13 +85,14 @@ def paper_sets_table():
   for name in PAPER_SETS:
     hp = registry.hparams(name)
     cfg, vocab = cost.config(hp), VOCABS[name.split("_")[0]]
-    totals = [(label, cost.step_memory(cfg, vocab, **kwargs)["total"] / GIB)
-              for label, kwargs in switch_steps(hp)]
+    estimates = [(label, cost.step_memory(cfg, vocab, **kwargs))
+                 for label, kwargs in switch_steps(hp)]
+    totals = [(label, e["total"] / GIB) for label, e in estimates]
     by_label = dict(totals)
     fits = [next((label for label, total in totals if total <= 0.85 * device),
                  "does not fit") for device in DEVICES_GIB]
     lines.append("| `%s` | %.1fM | %.1f | %s | %s | %s |" % (
-        name, cost.step_memory(cfg, vocab)["parameters"] / 1e6, by_label["none"],
+        name, estimates[0][1]["parameters"] / 1e6, by_label["none"],
         "%.1f" % by_label["chunk + att"] if "chunk + att" in by_label else "-",
         "%.1f" % by_label["chunk + att + layers"] if "chunk + att + layers" in by_label else "-",
         " | ".join(fits)))

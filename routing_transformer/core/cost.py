@@ -172,7 +172,7 @@ def layer_activation_bytes(cfg, i, act, f32=4, recompute_attention=False):
       "routing attention probabilities": kept * routing * routing_logits * f32,
       "heads output": n * h * act,  # head_dense's input (output_transform's without it)
       "head_dense output": n * h * act if cfg["head_dense"] else 0,
-      "post-norm LayerNorm inputs": 2 * n * h * f32,  # the residual sums (`norm.layer_norm`)
+      "post-norm LayerNorm inputs": 2 * n * h * f32,  # the residual sums (the norms' kept inputs)
       "ffn input": n * h * act,
       # relu_dropout: also the dropped hidden units (W3's input) and the keep mask (bool)
       "ffn intermediates": (FFN_KEPT[cfg["ffn"]] * n * f * act +

@@ -105,10 +105,9 @@ def check_hparams(hparams, length=None):
     raise HParamsError("Inconsistent hparams for routing_transformer: " + "; ".join(problems))
 
 
-# Memory switches that order their recomputation by control dependencies, which XLA (the TPU
-# path) drops: XLA's buffer assignment of bench-8k's step with each of them on is the plain
-# step's (benchmarks/xla_memory.py at 1,024 tokens: recompute_layers identical,
-# recompute_attention 0.99).
+# Memory switches whose recomputation XLA (the TPU path) merges with the forward pass: XLA's
+# buffer assignment of bench-8k's step with each of them on is the plain step's
+# (benchmarks/xla_memory.py at 1,024 tokens), with chunked logits 1.04x it.
 XLA_INERT_SWITCHES = ("recompute_layers", "recompute_attention", "logits_chunk_size")
 
 
@@ -264,7 +263,7 @@ class RoutingTransformer(t2t_model.T2TModel):
           x = common_layers.dropout_with_broadcast_dims(
               x, 1.0 - hparams.layer_prepostprocess_dropout,
               broadcast_dims=common_layers.comma_separated_string_to_integer_list(
-                  hparams.get("layer_prepostprocess_dropout_broadcast_dims", "")))
+                  hparams.layer_prepostprocess_dropout_broadcast_dims))
         elif step == "n":
           x = self.norm(x)
         else:
