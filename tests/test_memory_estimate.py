@@ -155,3 +155,24 @@ def test_the_scripts_print_the_cost_models_numbers(capsys):
   e = cost.step_memory(memory_estimate.PG19_LOCAL_CLUSTER8K, VOCAB8K)
   assert "**%.2f** |" % (e["total"] / cost.GIB) in out
   assert "{:,}".format(e["parameters"]) in out
+
+
+def test_paper_sets_table_rows_are_the_cost_models_totals():
+  """--paper_sets: a row per set with the plain step's total and the first switches that fit,
+  from cost.step_memory; an attention-dropout set shows "-" for the switches it refuses."""
+  import hparams  # pylint: disable=g-import-not-at-top,unused-import
+  from tensor2tensor.utils import registry  # pylint: disable=g-import-not-at-top
+  rows = {line.split(" | ")[0][3:-1]: line.split(" | ")
+          for line in memory_estimate.paper_sets_table().splitlines()[2:]}
+  assert set(rows) == set(memory_estimate.PAPER_SETS)
+  pg19 = rows["pg19_local_cluster8k"]
+  cfg = cost.config(registry.hparams("pg19_local_cluster8k"))
+  plain = cost.step_memory(cfg, VOCAB8K)["total"] / cost.GIB
+  layers = cost.step_memory(cfg, VOCAB8K, recompute=True, recompute_attention=True,
+                            logits_chunk=1024)["total"] / cost.GIB
+  assert pg19[2] == "%.1f" % plain and pg19[4] == "%.1f" % layers
+  hp = registry.hparams("pg19_local_cluster8k")
+  fits_16 = next(label for label, kwargs in memory_estimate.switch_steps(hp)
+                 if cost.step_memory(cfg, VOCAB8K, **kwargs)["total"] <= 0.85 * 16 * cost.GIB)
+  assert pg19[5] == fits_16 == "chunk + att + layers"  # plain 19.9 and chunk + att 15.4 GiB
+  assert rows["wikitext103_local4k"][3:5] == ["-", "-"]  # attention_dropout 0.4
