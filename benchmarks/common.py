@@ -18,23 +18,29 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # bench-8k's memory switches, measured alike by peers.py and train_memory.py (peak RSS under TF's
 # executor, each in its own process) and xla_memory.py (XLA's buffer assignment): name -> hparams
-# overrides of benchmarks/train_step.py's "routing" model ("chunk": the logits chunk size).
+# overrides of benchmarks/train_step.py's "routing" model ("chunk": the logits chunk size,
+# "ffn_chunk": the feed-forward chunk size).
 LOGITS_CHUNK = 1024
+FFN_CHUNK = 2048  # ffn_chunk_size: 4 chunks of bench-8k's 8,192 positions
 PLAIN = "routing"
 SWITCHES = {
     PLAIN: {},  # the plain step
     "routing_attention_recompute": {"recompute_attention": True},
     "routing_recompute": {"recompute_layers": True},
     "routing_chunked": {"logits_chunk_size": "chunk"},
-    "routing_recompute_chunked_attention": {  # the strongest combination
-        "recompute_layers": True, "recompute_attention": True, "logits_chunk_size": "chunk"},
+    "routing_ffn_chunked": {"ffn_chunk_size": "ffn_chunk"},
+    "routing_recompute_ffn_chunked": {"recompute_layers": True, "ffn_chunk_size": "ffn_chunk"},
+    "routing_recompute_chunked_attention": {  # every switch
+        "recompute_layers": True, "recompute_attention": True, "logits_chunk_size": "chunk",
+        "ffn_chunk_size": "ffn_chunk"},
     "routing_bf16": {"activation_dtype": "bfloat16"},
 }
 
 
-def switch_overrides(name, chunk=LOGITS_CHUNK):
-  """The hparams overrides of SWITCHES[name] with "chunk" replaced by `chunk`."""
-  return {k: (chunk if v == "chunk" else v) for k, v in SWITCHES[name].items()}
+def switch_overrides(name, chunk=LOGITS_CHUNK, ffn_chunk=FFN_CHUNK):
+  """The hparams overrides of SWITCHES[name] with "chunk" and "ffn_chunk" replaced."""
+  sizes = {"chunk": chunk, "ffn_chunk": ffn_chunk}
+  return {k: sizes.get(v, v) if isinstance(v, str) else v for k, v in SWITCHES[name].items()}
 
 
 def switch_table(peaks_mb, port_mb=None, chunk=LOGITS_CHUNK):

@@ -55,9 +55,10 @@ LENGTH_MODELS = ("routing", "local", "full")
 GIB = 2.0 ** 30
 
 
-def overrides_of(config, chunk):
-  """The hparams overrides of a CONFIGS entry with "chunk" replaced by --chunk."""
-  return common.switch_overrides(config, chunk)
+def overrides_of(config, chunk, length=LENGTH_8K):
+  """The hparams overrides of a CONFIGS entry with "chunk" replaced by --chunk and "ffn_chunk"
+  by a quarter of the length."""
+  return common.switch_overrides(config, chunk, max(length // 4, 1))
 
 
 def available_bytes():

@@ -240,7 +240,7 @@ def measure_step(model, overrides, length, vocab, steps, threads, gradients_only
 
 def run_worker(args, name, gradients_only=False):
   """One configuration in a new process (killed after --timeout seconds); its record."""
-  overrides = train_memory.overrides_of(name, args.chunk)
+  overrides = train_memory.overrides_of(name, args.chunk, args.length)
   command = [sys.executable, os.path.abspath(__file__), "--worker", "--model", CONFIGS[name][0],
              "--overrides", json.dumps(overrides, sort_keys=True),
              "--length", str(args.length), "--vocab", str(args.vocab), "--steps",

@@ -118,5 +118,8 @@ def sparse_transformer_local():
       # Training loss from the output projection this many positions at a time, recomputed in
       # the backward pass (never the whole [batch, length, vocab] logits); 0: off.
       logits_chunk_size=0,
+      # The feed-forward block this many positions at a time in training, recomputed in the
+      # backward pass one chunk after another (no relu_dropout); 0: off.
+      ffn_chunk_size=0,
   )
   return hparams

@@ -19,7 +19,8 @@ with and without `recompute_layers` and with float32 or bfloat16 activations:
               logits and softmax (with --logits_chunk_size those of one chunk of positions).
               recompute_layers: the block inputs (checkpoints) + one re-run block's tensors.
               --recompute_attention: no attention probabilities, routing q_hat or gathered
-              clusters (the attention is re-run from q, k, v).
+              clusters (the attention is re-run from q, k, v); --ffn_chunk_size: no FFN
+              intermediates (each chunk of the FFN is re-run from its input).
   total       params + grads + optimizer + activations
 
 bfloat16 activations: matmul inputs/outputs and GEGLU in bfloat16 (2 bytes), attention
@@ -28,11 +29,11 @@ loss stay float32). Boolean masks, scalars and transient buffers (the gradient o
 differentiated, XLA scratch) are not counted: an estimate of what stays alive, not a bound.
 
 Usage: python scripts/memory_estimate.py [--vocab 32768] [--length 8192] [--logits_chunk_size 0]
-                                         [--recompute_attention]
+                                         [--recompute_attention] [--ffn_chunk_size 0]
        python scripts/memory_estimate.py --paper_sets
 --paper_sets: every paper set (read from the registry: imports T2T) in GiB at its max_length,
-with the switches added in the order chunk (logits_chunk_size=1024), att (recompute_attention),
-layers (recompute_layers), then bfloat16 activations, and for 16 / 24 / 40 GiB devices the first
+with the switches added in the order chunk (logits_chunk_size=1024), ffn (ffn_chunk_size=2048),
+att (recompute_attention), layers (recompute_layers), then bfloat16 activations, and for 16 / 24 / 40 GiB devices the first
 of these that leaves 15% of the device free ("-": the set's dropout refuses the switch).
 """
 import argparse
@@ -63,25 +64,32 @@ DEVICES_GIB = (16, 24, 40)
 
 def switch_steps(hp):
   """[(label, step_memory kwargs)] in the order the table adds them, up to the first refused:
-  recompute_attention refuses attention dropout, recompute_layers also relu dropout and
-  random_routing (and needs layer_prepostprocess_dropout=0, which the user sets)."""
+  ffn_chunk_size refuses relu dropout, recompute_attention attention dropout, recompute_layers
+  also random_routing (and needs layer_prepostprocess_dropout=0, which the user sets)."""
   steps = [("none", {}), ("chunk", dict(logits_chunk=1024))]
-  if not hp.attention_dropout:
-    steps.append(("chunk + att", dict(logits_chunk=1024, recompute_attention=True)))
-    if not hp.relu_dropout and not hp.get("random_routing", False):
-      steps.append(("chunk + att + layers", dict(logits_chunk=1024, recompute_attention=True,
-                                                 recompute=True)))
+  kwargs = dict(logits_chunk=1024)
+  for label, switch, refused in (
+      ("chunk + ffn", dict(ffn_chunk=2048), hp.relu_dropout),
+      ("chunk + ffn + att", dict(recompute_attention=True), hp.attention_dropout),
+      ("chunk + ffn + att + layers", dict(recompute=True), hp.get("random_routing", False))):
+    if refused:
+      break
+    kwargs = dict(kwargs, **switch)
+    steps.append((label, kwargs))
   label, kwargs = steps[-1]
   steps.append((("" if label == "none" else label + " + ") + "bfloat16", dict(kwargs, bf16=True)))
   return steps
+
+
+COLUMNS = ("none", "chunk + ffn", "chunk + ffn + att", "chunk + ffn + att + layers")
 
 
 def paper_sets_table():
   """The markdown table of --paper_sets."""
   import hparams  # pylint: disable=g-import-not-at-top,unused-import
   from tensor2tensor.utils import registry  # pylint: disable=g-import-not-at-top
-  lines = ["| set | params | none | chunk + att | + layers | " +
-           " | ".join("%d GiB" % d for d in DEVICES_GIB) + " |", "|---" * 8 + "|"]
+  lines = ["| set | params | none | chunk + ffn | + att | + layers | " +
+           " | ".join("%d GiB" % d for d in DEVICES_GIB) + " |", "|---" * 9 + "|"]
   for name in PAPER_SETS:
     hp = registry.hparams(name)
     cfg, vocab = cost.config(hp), VOCABS[name.split("_")[0]]
@@ -91,10 +99,9 @@ def paper_sets_table():
     by_label = dict(totals)
     fits = [next((label for label, total in totals if total <= 0.85 * device),
                  "does not fit") for device in DEVICES_GIB]
-    lines.append("| `%s` | %.1fM | %.1f | %s | %s | %s |" % (
-        name, estimates[0][1]["parameters"] / 1e6, by_label["none"],
-        "%.1f" % by_label["chunk + att"] if "chunk + att" in by_label else "-",
-        "%.1f" % by_label["chunk + att + layers"] if "chunk + att + layers" in by_label else "-",
+    lines.append("| `%s` | %.1fM | %s | %s |" % (
+        name, estimates[0][1]["parameters"] / 1e6,
+        " | ".join("%.1f" % by_label[c] if c in by_label else "-" for c in COLUMNS),
         " | ".join(fits)))
   return "\n".join(lines)
 
@@ -107,6 +114,8 @@ def main(argv=None):
                       help="positions per chunk of the output projection + loss (0: whole)")
   parser.add_argument("--recompute_attention", action="store_true",
                       help="the attention re-run from q, k, v in the backward pass")
+  parser.add_argument("--ffn_chunk_size", type=int, default=0,
+                      help="positions per chunk of the feed-forward block (0: whole)")
   parser.add_argument("--paper_sets", action="store_true",
                       help="the table of every paper set and the switches that fit a device")
   args = parser.parse_args(argv)
@@ -115,23 +124,24 @@ def main(argv=None):
     return
   cfg = dict(PG19_LOCAL_CLUSTER8K, length=args.length)
   print("pg19_local_cluster8k, one sequence of %d tokens per device, vocab %d (%s parameters), "
-        "logits_chunk_size %d, recompute_attention %s" % (
+        "logits_chunk_size %d, recompute_attention %s, ffn_chunk_size %d" % (
             cfg["length"], args.vocab,
             "{:,}".format(cost.step_memory(cfg, args.vocab)["parameters"]),
-            args.logits_chunk_size, args.recompute_attention))
+            args.logits_chunk_size, args.recompute_attention, args.ffn_chunk_size))
   print("\n| recompute_layers | activations | params | grads | Adafactor + k-means | "
         "activations (blocks + outside) | total GiB |\n|---|---|---|---|---|---|---|")
   for recompute in (False, True):
     for bf16 in (False, True):
       e = cost.step_memory(cfg, args.vocab, recompute, bf16, args.logits_chunk_size,
-                           args.recompute_attention)
+                           args.recompute_attention, args.ffn_chunk_size)
       print("| %s | %s | %.2f | %.2f | %.3f | %.2f (%.2f + %.2f) | **%.2f** |" % (
           recompute, "bfloat16" if bf16 else "float32", e["params"] / GIB, e["grads"] / GIB,
           e["optimizer"] / GIB, e["activations"] / GIB, e["block_activations"] / GIB,
           e["outside_activations"] / GIB, e["total"] / GIB))
   print("\nOne block's activations (float32):")
   for name, value in cost.layer_activation_bytes(
-      cfg, cfg["layers"] - 1, 4, recompute_attention=args.recompute_attention).items():
+      cfg, cfg["layers"] - 1, 4, recompute_attention=args.recompute_attention,
+      ffn_chunk=args.ffn_chunk_size).items():
     print("  %-40s %8.1f MiB" % (name, value / 2.0 ** 20))
 
 

@@ -83,7 +83,7 @@ def test_geglu_keeps_what_tfs_gradients_read():
   from routing_transformer.core import layers  # pylint: disable=g-import-not-at-top
   n, h, f = 8, 4, 16
   hparams = types.SimpleNamespace(ffn_layer="geglu", filter_size=f, hidden_size=h,
-                                  relu_dropout=0.0)
+                                  relu_dropout=0.0, ffn_chunk_size=0)
   with tf.Graph().as_default():
     x = tf.constant(np.ones((n, h), np.float32))
     y = layers.ffn(x, hparams, train=True)
@@ -168,11 +168,12 @@ def test_paper_sets_table_rows_are_the_cost_models_totals():
   pg19 = rows["pg19_local_cluster8k"]
   cfg = cost.config(registry.hparams("pg19_local_cluster8k"))
   plain = cost.step_memory(cfg, VOCAB8K)["total"] / cost.GIB
+  ffn = cost.step_memory(cfg, VOCAB8K, logits_chunk=1024, ffn_chunk=2048)["total"] / cost.GIB
   layers = cost.step_memory(cfg, VOCAB8K, recompute=True, recompute_attention=True,
-                            logits_chunk=1024)["total"] / cost.GIB
-  assert pg19[2] == "%.1f" % plain and pg19[4] == "%.1f" % layers
+                            logits_chunk=1024, ffn_chunk=2048)["total"] / cost.GIB
+  assert pg19[2] == "%.1f" % plain and pg19[3] == "%.1f" % ffn and pg19[5] == "%.1f" % layers
   hp = registry.hparams("pg19_local_cluster8k")
   fits_16 = next(label for label, kwargs in memory_estimate.switch_steps(hp)
                  if cost.step_memory(cfg, VOCAB8K, **kwargs)["total"] <= 0.85 * 16 * cost.GIB)
-  assert pg19[5] == fits_16 == "chunk + att + layers"  # plain 19.9 and chunk + att 15.4 GiB
-  assert rows["wikitext103_local4k"][3:5] == ["-", "-"]  # attention_dropout 0.4
+  assert pg19[6] == fits_16 == "chunk + ffn"  # plain 19.9, chunk 18.2, chunk + ffn 12.7 GiB
+  assert rows["wikitext103_local4k"][4:6] == ["-", "-"]  # attention_dropout 0.4

@@ -261,3 +261,62 @@ def test_chunked_loss_refuses_what_it_does_not_compute(rng):
     with pytest.raises(model_lib.HParamsError, match="targets_mask.*logits_chunk_size=0"):
       build(small_hparams(logits_chunk_size=16), TRAIN, features)
   assert small_hparams().logits_chunk_size == 0  # off by default (and in every paper set)
+
+
+# --- the feed-forward block a chunk of positions at a time (ffn_chunk_size) -------------------
+
+def ffn_values(rng, chunk, ffn_layer, serial_order=None):
+  """(FFN output, gradients w.r.t. x and every FFN variable) of `layers.ffn` in training, chunked
+  (chunk > 0) or whole, float64 on the same random inputs (b 2, n 7, hidden 4, filter 6)."""
+  from routing_transformer.core import layers  # pylint: disable=g-import-not-at-top
+  hparams = small_hparams(hidden_size=4, filter_size=6, ffn_layer=ffn_layer, relu_dropout=0.0,
+                          ffn_chunk_size=chunk)
+  with tf.Graph().as_default():
+    x = tf.constant(rng.standard_normal((2, 7, 4)))
+    with tf1.variable_scope("ffn", initializer=tf1.random_normal_initializer(seed=3,
+                                                                             dtype=tf.float64)):
+      y = layers.ffn(x, hparams, train=True)
+    variables = sorted(tf1.trainable_variables(), key=lambda v: v.name)
+    upstream = tf.constant(rng.standard_normal((2, 7, 4)))  # a gradient that differs per position
+    grads = tf1.gradients(y, [x] + variables, upstream)
+    with tf1.Session() as sess:
+      sess.run(tf1.global_variables_initializer())
+      return sess.run([y, grads]), [v.name for v in variables]
+
+
+@pytest.mark.parametrize("ffn_layer", ["geglu", "dense_relu_dense"])
+@pytest.mark.parametrize("chunk", [1, 3, 7, 10])
+def test_chunked_ffn_values_and_gradients_equal_the_whole_ffn(ffn_layer, chunk):
+  (y, grads), names = ffn_values(np.random.default_rng(8), chunk, ffn_layer)
+  (y_plain, grads_plain), names_plain = ffn_values(np.random.default_rng(8), 0, ffn_layer)
+  assert names == names_plain and len(names) == (3 if ffn_layer == "geglu" else 4)
+  assert np.abs(y_plain).max() > 0
+  np.testing.assert_allclose(y, y_plain, rtol=1e-13, atol=1e-14)
+  for got, want, name in zip(grads, grads_plain, ["x"] + names):
+    assert np.abs(want).max() > 0, name
+    np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-13, err_msg=name)
+
+
+@pytest.mark.parametrize("overrides", [
+    {"recompute_layers": True}, {"ffn_layer": "dense_relu_dense", "logits_chunk_size": 16}])
+def test_model_chunked_ffn_equals_the_plain_step(rng, overrides):
+  """ffn_chunk_size=24 (chunks of 24, 24 and 16 of the 64 positions): the training loss and every
+  gradient equal the plain step's, inside recompute_layers and beside chunked logits."""
+  features = {"targets": random_targets(rng, length=64, pad_from=50)}
+  before, loss, grads, _ = model_step(small_hparams(**overrides), features)
+  _, loss2, grads2, _ = model_step(small_hparams(ffn_chunk_size=24, **overrides), features,
+                                   before)
+  np.testing.assert_allclose(loss2, loss, rtol=1e-6)
+  assert set(grads2) == set(grads) and len(grads) > 10
+  for name, g in grads.items():
+    np.testing.assert_allclose(grads2[name], g, rtol=1e-5, atol=1e-6, err_msg=name)
+
+
+def test_chunked_ffn_refuses_relu_dropout_and_bad_sizes(rng):
+  features = {"targets": random_targets(rng)}
+  with tf.Graph().as_default(), pytest.raises(ValueError, match="relu_dropout.*ffn_chunk_size"):
+    build(small_hparams(ffn_chunk_size=16, relu_dropout=0.1), TRAIN, features)
+  with tf.Graph().as_default(), pytest.raises(model_lib.HParamsError,
+                                              match="ffn_chunk_size=-1 must be 0"):
+    build(small_hparams(ffn_chunk_size=-1), TRAIN, features)
+  assert small_hparams().ffn_chunk_size == 0  # off by default (and in every paper set)

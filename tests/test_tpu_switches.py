@@ -31,6 +31,7 @@ def build_and_optimize(use_tpu, **switches):
     {"recompute_attention": True},
     {"recompute_layers": True, "recompute_attention": True},
     {"logits_chunk_size": 16},
+    {"ffn_chunk_size": 16, "recompute_layers": True},
 ])
 def test_tpu_refuses_the_switches_xla_drops(switches):
   with pytest.raises(model_lib.HParamsError) as error:

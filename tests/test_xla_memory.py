@@ -165,10 +165,12 @@ def test_configurations_set_existing_hparams():
   plain = train_step.model_hparams("routing", 1024).values()
   assert list(xla_memory.CONFIGS) == [
       "routing", "routing_attention_recompute", "routing_recompute", "routing_chunked",
-      "routing_recompute_chunked_attention", "routing_bf16"]
+      "routing_ffn_chunked", "routing_recompute_ffn_chunked", "routing_recompute_chunked_attention",
+      "routing_bf16"]
   assert xla_memory.CONFIGS == train_memory.CONFIGS
   assert benchmark_module("peers").OURS == {
       name: ("routing", train_memory.overrides_of(name, 1024)) for name in xla_memory.CONFIGS}
+  assert benchmark_module("peers").OURS["routing_ffn_chunked"][1] == {"ffn_chunk_size": 2048}
   for name in xla_memory.CONFIGS:
     overrides = train_memory.overrides_of(name, 512)
     for key, value in overrides.items():
@@ -177,7 +179,10 @@ def test_configurations_set_existing_hparams():
     assert xla_memory.CONFIGS[name][0] in train_step.KINDS
   assert train_memory.overrides_of("routing_chunked", 512) == {"logits_chunk_size": 512}
   assert train_memory.overrides_of("routing_recompute_chunked_attention", 512) == {
-      "recompute_layers": True, "recompute_attention": True, "logits_chunk_size": 512}
+      "recompute_layers": True, "recompute_attention": True, "logits_chunk_size": 512,
+      "ffn_chunk_size": 2048}  # a quarter of bench-8k's length
+  assert train_memory.overrides_of("routing_ffn_chunked", 512, length=1024) == {
+      "ffn_chunk_size": 256}
 
 
 def test_the_switch_table_gives_each_peak_over_the_plain_steps_and_the_ports():

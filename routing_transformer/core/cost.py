@@ -155,9 +155,10 @@ def adafactor_slot_elements(shape):
   return math.prod(shape)
 
 
-def layer_activation_bytes(cfg, i, act, f32=4, recompute_attention=False):
+def layer_activation_bytes(cfg, i, act, f32=4, recompute_attention=False, ffn_chunk=0):
   """{component: bytes} decoder block i keeps for the gradients (one sequence), `act` bytes per
-  activation; recompute_attention: no probabilities, q_hat or gathered clusters."""
+  activation; recompute_attention: no probabilities, q_hat or gathered clusters; ffn_chunk
+  (ffn_chunk_size): no FFN intermediates (each chunk is re-run from the FFN input)."""
   n, h, f = cfg["length"], cfg["hidden"], cfg["filter"]
   routing, local, d = config_heads(cfg, i)
   local_logits, routing_logits, _ = attention_logits(
@@ -175,8 +176,9 @@ def layer_activation_bytes(cfg, i, act, f32=4, recompute_attention=False):
       "post-norm LayerNorm inputs": 2 * n * h * f32,  # the residual sums (the norms' kept inputs)
       "ffn input": n * h * act,
       # relu_dropout: also the dropped hidden units (W3's input) and the keep mask (bool)
-      "ffn intermediates": (FFN_KEPT[cfg["ffn"]] * n * f * act +
-                            (n * f * (act + 1) if cfg.get("relu_dropout") else 0)),
+      "ffn intermediates": 0 if ffn_chunk else (
+          FFN_KEPT[cfg["ffn"]] * n * f * act +
+          (n * f * (act + 1) if cfg.get("relu_dropout") else 0)),
   }
 
 
@@ -195,7 +197,7 @@ def step_total(params, optimizer, activations):
 
 
 def step_memory(cfg, vocab, recompute=False, bf16=False, logits_chunk=0,
-                recompute_attention=False):
+                recompute_attention=False, ffn_chunk=0):
   """Bytes per device of a training step of one sequence, by component (dict, and `total`);
   recompute (recompute_layers): block inputs (checkpoints) + one re-run block (one_layer)."""
   act = 2 if bf16 else 4
@@ -203,8 +205,8 @@ def step_memory(cfg, vocab, recompute=False, bf16=False, logits_chunk=0,
   params = sum(math.prod(s) for _, s, trainable in shapes if trainable) * 4
   slots = sum(adafactor_slot_elements(s) for _, s, trainable in shapes if trainable) * 4
   kmeans = sum(math.prod(s) for _, s, trainable in shapes if not trainable) * 4
-  layers = [layer_activation_bytes(cfg, i, act, recompute_attention=recompute_attention)
-            for i in range(cfg["layers"])]
+  layers = [layer_activation_bytes(cfg, i, act, recompute_attention=recompute_attention,
+                                   ffn_chunk=ffn_chunk) for i in range(cfg["layers"])]
   outside = sum(outside_activation_bytes(cfg, vocab, act, logits_chunk=logits_chunk).values())
   checkpoints = sum(layer["block input"] for layer in layers)
   one_layer = max(sum(layer.values()) - layer["block input"] for layer in layers)

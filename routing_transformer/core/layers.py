@@ -298,9 +298,12 @@ def gelu(x):
   return x * cdf
 
 
-def geglu_hidden(a, b):
-  """gelu(a) * b."""
-  return gelu(a) * b
+def geglu_hidden(a, b, dtype=None):
+  """gelu(a) * b; with dtype in float32 for bfloat16 activations, cast to dtype."""
+  if dtype is None:
+    return gelu(a) * b
+  wide = kmeans.compute_dtype(dtype)
+  return tf.cast(gelu(tf.cast(a, wide)) * tf.cast(b, wide), dtype)
 
 
 def ffn(x, hparams, train=False):
@@ -310,21 +313,42 @@ def ffn(x, hparams, train=False):
   GEGLU's activation and output projection are one `memory.recompute_tensors` block: the
   backward pass keeps x W1 and x W2 and computes gelu(x W1) * (x W2) again, instead of keeping
   the five [b, n, filter] tensors of TF's own gradients of the activation (the same values; with
-  relu_dropout the block ends before the dropout, which draws random numbers)."""
+  relu_dropout the block ends before the dropout, which draws random numbers). With
+  `ffn_chunk_size` in training the whole FFN is recomputed `ffn_chunk_size` positions at a time
+  (`chunked_ffn`)."""
+  if hparams.ffn_layer not in ("geglu", "dense_relu_dense"):
+    raise ValueError("ffn_layer=%r is not supported; use 'geglu' or 'dense_relu_dense'."
+                     % hparams.ffn_layer)
+  if train and hparams.ffn_chunk_size:
+    return chunked_ffn(x, hparams, hparams.ffn_chunk_size)
   if hparams.ffn_layer == "geglu":
     a, b = dense(x, hparams.filter_size, "weight1"), dense(x, hparams.filter_size, "weight2")
-    wide = kmeans.compute_dtype(a.dtype)  # gelu in float32 for bfloat16 activations
-    hidden = lambda a, b: tf.cast(geglu_hidden(tf.cast(a, wide), tf.cast(b, wide)), a.dtype)
+    hidden = lambda a, b: geglu_hidden(a, b, a.dtype)
     if not (train and hparams.relu_dropout):
       kernel = tf.convert_to_tensor(
           dense_kernel("weight3", hparams.filter_size, hparams.hidden_size, a.dtype))
       return memory.recompute_tensors(lambda a, b, w: matmul(hidden(a, b), w), a, b, kernel)
     h = tf.nn.dropout(memory.recompute_tensors(hidden, a, b), rate=hparams.relu_dropout)
     return dense(h, hparams.hidden_size, "weight3")
-  if hparams.ffn_layer != "dense_relu_dense":
-    raise ValueError("ffn_layer=%r is not supported; use 'geglu' or 'dense_relu_dense'."
-                     % hparams.ffn_layer)
   h = tf.nn.relu(dense(x, hparams.filter_size, "conv1", use_bias=True))
   if train and hparams.relu_dropout:
     h = tf.nn.dropout(h, rate=hparams.relu_dropout)
   return dense(h, hparams.hidden_size, "conv2", use_bias=True)
+
+
+def chunked_ffn(x, hparams, chunk):
+  """`ffn` in training `chunk` positions at a time (`memory.chunked_positions`), the same
+  variables and values; x [b, n, hidden], n static. No relu_dropout (a re-run draws anew)."""
+  memory.refuse_random({"relu_dropout": hparams.relu_dropout}, "ffn_chunk_size")
+  dtype, filters, hidden = x.dtype.base_dtype, hparams.filter_size, hparams.hidden_size
+  if hparams.ffn_layer == "geglu":
+    weights = [dense_kernel(name, *shape, dtype) for name, shape in (
+        ("weight1", (x.shape[-1], filters)), ("weight2", (x.shape[-1], filters)),
+        ("weight3", (filters, hidden)))]
+    fn = lambda x, w1, w2, w3: matmul(geglu_hidden(matmul(x, w1), matmul(x, w2), dtype), w3)
+  else:
+    weights = (list(dense_variables("conv1", x.shape[-1], filters, dtype)) +
+               list(dense_variables("conv2", filters, hidden, dtype)))
+    fn = lambda x, k1, b1, k2, b2: tf.nn.bias_add(
+        matmul(tf.nn.relu(tf.nn.bias_add(matmul(x, k1), b1)), k2), b2)
+  return memory.chunked_positions(fn, x, [tf.convert_to_tensor(w) for w in weights], chunk)

@@ -4,7 +4,8 @@ tf.compat.v1 variables); `recompute_tensors` the same for functions of tensors a
 GradientTape: eager too). Always around small blocks whose intermediates TF's own gradients would
 keep (GEGLU's activation and output projection, each normalisation, the Shaw value term, local
 attention's key blocks); by switch around a layer (`recompute_layers`), its heads
-(`recompute_attention`) and logits chunks (`logits_chunk_size`). Random numbers are not
+(`recompute_attention`), feed-forward chunks (`ffn_chunk_size`) and logits chunks
+(`logits_chunk_size`). Random numbers are not
 replayed: callers keep them outside a block or refuse them."""
 import tensorflow as tf
 
@@ -17,23 +18,40 @@ def after(dy, *tensors):
     return [tf.identity(t) for t in tensors]
 
 
-def recompute_tensors(fn, *tensors):
+def recompute_tensors(fn, *tensors, serial=None):
   """fn(*tensors) for a function of float tensors alone (no variables, no random numbers),
   keeping only `tensors` for the backward pass, which runs fn again once the output's gradient
-  exists; a GradientTape, so it works eagerly too (Keras)."""
+  exists; a GradientTape, so it works eagerly too (Keras). serial: an optional list shared by
+  calls: each re-run waits for the previous one's gradients (graph mode)."""
   @tf.custom_gradient
   def block(*args):
     def grad(dy):
-      again = after(dy, *args)
+      with tf.control_dependencies(serial[-1:] if serial else []):
+        again = after(dy, *args)
       with tf.GradientTape() as tape:
         tape.watch(again)
         y = fn(*again)
-      return tape.gradient(y, again, output_gradients=dy)
+      grads = tape.gradient(y, again, output_gradients=dy)
+      if serial is not None and not tf.executing_eagerly():
+        serial.append(tf.group([g for g in grads if g is not None]))
+      return grads
     return fn(*args), grad
   return block(*tensors)
 
 
-def recompute(fn, inputs, substitutes=None, differentiable=None, serial=None):
+def chunked_positions(fn, x, weights, chunk):
+  """fn(x, *weights) for a position-wise fn (x [b, n, e], n static -> [b, n, f]), `chunk`
+  positions at a time, each chunk a `recompute_tensors` block of its positions and the weights
+  whose re-run waits for the previous chunk's gradients: the backward pass keeps x alone and
+  holds one chunk's intermediates at a time (the chunked feed-forward of Kitaev et al. 2020)."""
+  bounds = chunk_bounds(x.shape[1], chunk)
+  pieces = tf.split(x, [size for _, size in bounds], axis=1)
+  serial = []
+  return tf.concat([recompute_tensors(fn, piece, *weights, serial=serial) for piece in pieces],
+                   axis=1)
+
+
+def recompute(fn, inputs, substitutes=None, differentiable=None):
   """fn(*inputs, replay=False), recomputed in the backward pass (fn(*inputs, replay=True)).
 
   Args:
@@ -42,7 +60,6 @@ def recompute(fn, inputs, substitutes=None, differentiable=None, serial=None):
     substitutes: optional callable -> {variable.ref(): tensor}, variables the replay reads
       through forward tensors (the centroids, which the EMA update moves in between).
     differentiable: how many leading outputs carry gradients (default all).
-    serial: optional list shared by calls: each re-run waits for the previous one's gradients.
   Returns:
     fn's outputs of the forward call.
   """
@@ -68,8 +85,7 @@ def recompute(fn, inputs, substitutes=None, differentiable=None, serial=None):
     def grad(*dys, variables=None):
       dys = [tf.zeros_like(y) if d is None else d for y, d in zip(ys[:keep], dys[:keep])]
       # stop_gradient: tf.gradients must not follow a variable's path upstream of an input
-      with tf.control_dependencies(serial[-1:] if serial else []):
-        replay_args = [tf.stop_gradient(t) for t in after(dys[0], *args)]
+      replay_args = [tf.stop_gradient(t) for t in after(dys[0], *args)]
       with tf1.variable_scope(scope, reuse=True), tf.name_scope("recompute"):
         ys2 = call(replay_args, True)[:keep]
       variables = list(variables or [])
@@ -81,8 +97,6 @@ def recompute(fn, inputs, substitutes=None, differentiable=None, serial=None):
           grads[len(args) + len(variables):])
       var_grads = [g if t is None else _add(g, next(extra_grads))
                    for g, t in zip(var_grads, sub_tensors)]
-      if serial is not None:
-        serial.append(tf.group([g for g in grads if g is not None]))
       return grads[:len(args)], var_grads
 
     return tuple(ys), grad
@@ -153,17 +167,14 @@ def chunked_loss(x, kernel, bias, labels, weights, chunk, xent):
   if x.shape.rank != 3 or x.shape[1] is None:
     raise ValueError("chunked_loss: x must be [batch, length, depth] with a static length, got "
                      "%s." % x.shape)
-  bounds = chunk_bounds(x.shape[1], chunk)
-  pieces = tf.split(x, [size for _, size in bounds], axis=1)  # its gradient: one concat
+  sizes = [size for _, size in chunk_bounds(x.shape[1], chunk)]
   total, previous, serial = None, [], []
-  for (start, size), piece in zip(bounds, pieces):
-    def part(x_c, kernel, bias, replay, start=start, size=size):
-      del replay
-      losses = xent(project(x_c, kernel, bias), labels[:, start:start + size])
-      return tf.reduce_sum(losses * weights[:, start:start + size])
+  for x_c, labels_c, weights_c in zip(*(tf.split(t, sizes, axis=1) for t in (x, labels, weights))):
+    def part(x_c, kernel, bias, labels_c=labels_c, weights_c=weights_c):
+      return tf.reduce_sum(xent(project(x_c, kernel, bias), labels_c) * weights_c)
 
     with tf.control_dependencies(previous):  # one chunk's logits at a time
-      x_c = tf.identity(piece)
-    value = recompute(part, [x_c, kernel, bias], serial=serial)
+      x_c = tf.identity(x_c)
+    value = recompute_tensors(part, x_c, kernel, bias, serial=serial)
     total, previous = _add(total, value), [value]
   return total

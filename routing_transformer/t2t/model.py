@@ -37,7 +37,7 @@ from tensor2tensor.utils import t2t_model
 tf1 = tf.compat.v1
 
 
-MAX_LOGITS_CHUNKS = 256  # logits_chunk_size: chunks per sequence (each adds ops to the graph)
+MAX_CHUNKS = 256  # logits_chunk_size, ffn_chunk_size: chunks per sequence (each adds graph ops)
 ACTIVATION_DTYPES = {"float32": tf.float32, "bfloat16": tf.bfloat16}
 
 
@@ -86,11 +86,12 @@ def check_hparams(hparams, length=None):
   if hparams.routing_logit_scale not in ("none", "rsqrt_depth", "learned"):
     problems.append("routing_logit_scale=%r is not supported; use 'none' (paper), "
                     "'rsqrt_depth' or 'learned'" % hparams.routing_logit_scale)
-  chunk = hparams.logits_chunk_size
-  if chunk < 0 or (chunk and -(-length // chunk) > MAX_LOGITS_CHUNKS):
-    problems.append("logits_chunk_size=%d must be 0 (off) or at least %d: at most %d chunks of "
-                    "the length %d (each chunk adds a copy of the output layer to the graph)"
-                    % (chunk, -(-length // MAX_LOGITS_CHUNKS), MAX_LOGITS_CHUNKS, length))
+  for name, part in (("logits_chunk_size", "the output layer"), ("ffn_chunk_size", "the FFN")):
+    chunk = getattr(hparams, name)
+    if chunk < 0 or (chunk and -(-length // chunk) > MAX_CHUNKS):
+      problems.append("%s=%d must be 0 (off) or at least %d: at most %d chunks of the length %d "
+                      "(each chunk adds a copy of %s to the graph)"
+                      % (name, chunk, -(-length // MAX_CHUNKS), MAX_CHUNKS, length, part))
   if hparams.routing_mode not in ("topk", "causal_window"):
     problems.append("routing_mode=%r is not supported; use 'topk' (paper routing) or "
                     "'causal_window' (strictly causal)" % hparams.routing_mode)
@@ -108,7 +109,8 @@ def check_hparams(hparams, length=None):
 # Memory switches whose recomputation XLA (the TPU path) merges with the forward pass: XLA's
 # buffer assignment of bench-8k's step with each of them on is the plain step's
 # (benchmarks/xla_memory.py at 1,024 tokens), with chunked logits 1.04x it.
-XLA_INERT_SWITCHES = ("recompute_layers", "recompute_attention", "logits_chunk_size")
+XLA_INERT_SWITCHES = ("recompute_layers", "recompute_attention", "logits_chunk_size",
+                      "ffn_chunk_size")
 
 
 def refuse_xla_inert_switches(hparams):
