@@ -7,6 +7,7 @@ import tensorflow as tf
 
 import routing_transformer  # pylint: disable=unused-import
 from routing_transformer.core import decoding
+from routing_transformer.t2t import decode_settings
 from routing_transformer.core import layers
 from routing_transformer.t2t import model as model_lib
 from routing_transformer.core.attention import common
@@ -231,38 +232,38 @@ def test_beam_search_gives_each_prompt_what_it_gives_it_alone(rng, heads, alpha)
 
 def test_sampling_settings_resolve_t2t_defaults_and_overrides():
   hparams = small_hparams()
-  assert decoding.sampling_settings(hparams) == (0.0, -1, 0.9)  # argmax: greedy
+  assert decode_settings.sampling_settings(hparams) == (0.0, -1, 0.9)  # argmax: greedy
   hparams.sampling_method = "random"
-  assert decoding.sampling_settings(hparams) == (1.0, -1, 0.9)
+  assert decode_settings.sampling_settings(hparams) == (1.0, -1, 0.9)
   from tensor2tensor.utils import hparam  # pylint: disable=g-import-not-at-top
-  decode_hp = hparam.HParams(**decoding.UNSET)
+  decode_hp = hparam.HParams(**decode_settings.UNSET)
   decode_hp.nucleus_sampling, decode_hp.sampling_temp, decode_hp.sampling_keep_top_k = 0.8, 0.7, 5
-  assert decoding.sampling_settings(hparams, decode_hp) == (0.7, 5, 0.8)
+  assert decode_settings.sampling_settings(hparams, decode_hp) == (0.7, 5, 0.8)
   for name, value, message in (("nucleus_sampling", 1.5, "top-p"), ("nucleus_sampling", -0.2,
                                                                     "top-p"),
                                ("sampling_keep_top_k", -3, "top-k"),
                                ("sampling_method", "beam", "sampling_method")):
-    bad = hparam.HParams(**decoding.UNSET)
+    bad = hparam.HParams(**decode_settings.UNSET)
     bad.set_hparam(name, value)
     with pytest.raises(decoding.DecodeError, match=message):
-      decoding.sampling_settings(hparams, bad)
+      decode_settings.sampling_settings(hparams, bad)
 
 
 def test_random_sampling_names_the_inherited_top_p():
   """sampling_method=random alone keeps the set's nucleus_sampling=0.9, and says so."""
   from tensor2tensor.utils import hparam  # pylint: disable=g-import-not-at-top
   hparams = small_hparams()
-  decode_hp = hparam.HParams(**decoding.UNSET)
-  assert decoding.inherited_top_p_note(hparams, decode_hp) is None  # argmax: greedy
+  decode_hp = hparam.HParams(**decode_settings.UNSET)
+  assert decode_settings.inherited_top_p_note(hparams, decode_hp) is None  # argmax: greedy
   decode_hp.sampling_method = "random"
-  assert decoding.sampling_settings(hparams, decode_hp) == (1.0, -1, 0.9)
-  note = decoding.inherited_top_p_note(hparams, decode_hp)
+  assert decode_settings.sampling_settings(hparams, decode_hp) == (1.0, -1, 0.9)
+  note = decode_settings.inherited_top_p_note(hparams, decode_hp)
   assert "nucleus_sampling=0.9" in note and "nucleus_sampling=1.0" in note
   decode_hp.nucleus_sampling = 0.9  # set explicitly: no note
-  assert decoding.inherited_top_p_note(hparams, decode_hp) is None
+  assert decode_settings.inherited_top_p_note(hparams, decode_hp) is None
   decode_hp.nucleus_sampling = 1.0
-  assert decoding.sampling_settings(hparams, decode_hp) == (1.0, -1, 1.0)
-  assert decoding.inherited_top_p_note(hparams, decode_hp) is None
+  assert decode_settings.sampling_settings(hparams, decode_hp) == (1.0, -1, 1.0)
+  assert decode_settings.inherited_top_p_note(hparams, decode_hp) is None
 
 
 def test_decode_steps_compile_with_xla(rng):

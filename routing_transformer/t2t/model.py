@@ -518,10 +518,11 @@ class RoutingTransformer(t2t_model.T2TModel):
     if not self.hparams.fast_decode:
       return super(RoutingTransformer, self).infer(features, decode_length, beam_size,
                                                    top_beams, alpha, use_tpu)
-    from routing_transformer.core import decoding  # pylint: disable=g-import-not-at-top
+    from routing_transformer.t2t import decode_settings  # pylint: disable=g-import-not-at-top
     check_hparams(self.hparams)
-    return decoding.infer(self, features, decode_length, beam_size=beam_size,
-                          top_beams=top_beams, alpha=alpha, beam_search=beam_search.beam_search)
+    return decode_settings.infer(self, features, decode_length, beam_size=beam_size,
+                                 top_beams=top_beams, alpha=alpha,
+                                 beam_search=beam_search.beam_search)
 
   @staticmethod
   def hparams_error(hparams):

@@ -260,12 +260,12 @@ def mtf_create_hparams_checks():
 def sampling_decode_hparams():
   """Unset values fall back to the model hparams of the same names."""
   from tensor2tensor.utils import decoding  # pylint: disable=g-import-not-at-top
-  from routing_transformer.core import decoding as ours  # pylint: disable=g-import-not-at-top
+  from routing_transformer.t2t import decode_settings  # pylint: disable=g-import-not-at-top
   original = decoding.decode_hparams
 
   def decode_hparams(overrides=""):
     hp = original("")
-    for name, unset in ours.UNSET.items():
+    for name, unset in decode_settings.UNSET.items():
       if name not in hp.values():
         hp.add_hparam(name, unset)
     try:
@@ -327,6 +327,7 @@ def create_estimator_checks():
   import tensorflow.compat.v1 as tf  # pylint: disable=g-import-not-at-top
   from tensor2tensor.utils import trainer_lib  # pylint: disable=g-import-not-at-top
   from routing_transformer.core import decoding  # pylint: disable=g-import-not-at-top
+  from routing_transformer.t2t import decode_settings  # pylint: disable=g-import-not-at-top
   from routing_transformer.t2t import glue  # pylint: disable=g-import-not-at-top
   original = trainer_lib.create_estimator
 
@@ -334,7 +335,7 @@ def create_estimator_checks():
     decode_hp = kwargs.get("decode_hparams", args[1] if len(args) > 1 else None)
     if model_name in glue.OUR_MODELS and decode_hp is not None:
       try:
-        note = decoding.inherited_top_p_note(hparams, decode_hp)
+        note = decode_settings.inherited_top_p_note(hparams, decode_hp)
       except decoding.DecodeError as e:
         sys.exit("error: sampling settings (--hparams/--decode_hparams): %s" % e)
       if note:
