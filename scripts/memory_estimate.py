@@ -33,8 +33,9 @@ Usage: python scripts/memory_estimate.py [--vocab 32768] [--length 8192] [--logi
        python scripts/memory_estimate.py --paper_sets
 --paper_sets: every paper set (read from the registry: imports T2T) in GiB at its max_length,
 with the switches added in the order chunk (logits_chunk_size=1024), ffn (ffn_chunk_size=2048),
-att (recompute_attention), layers (recompute_layers), then bfloat16 activations, and for 16 / 24 / 40 GiB devices the first
-of these that leaves 15% of the device free ("-": the set's dropout refuses the switch).
+att (recompute_attention), layers (recompute_layers), then bfloat16 activations, and for 16 / 24
+/ 40 GiB devices the first of these that leaves 15% of the device free ("-": the set's dropout
+refuses the switch).
 """
 import argparse
 import os

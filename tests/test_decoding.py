@@ -7,8 +7,8 @@ import tensorflow as tf
 
 import routing_transformer  # pylint: disable=unused-import
 from routing_transformer.core import decoding
-from routing_transformer.t2t import decode_settings
 from routing_transformer.core import layers
+from routing_transformer.t2t import decode_settings
 from routing_transformer.t2t import model as model_lib
 from routing_transformer.core.attention import common
 from routing_transformer.core.attention import incremental

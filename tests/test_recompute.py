@@ -265,7 +265,7 @@ def test_chunked_loss_refuses_what_it_does_not_compute(rng):
 
 # --- the feed-forward block a chunk of positions at a time (ffn_chunk_size) -------------------
 
-def ffn_values(rng, chunk, ffn_layer, serial_order=None):
+def ffn_values(rng, chunk, ffn_layer):
   """(FFN output, gradients w.r.t. x and every FFN variable) of `layers.ffn` in training, chunked
   (chunk > 0) or whole, float64 on the same random inputs (b 2, n 7, hidden 4, filter 6)."""
   from routing_transformer.core import layers  # pylint: disable=g-import-not-at-top

@@ -14,6 +14,8 @@ tf1 = tf.compat.v1
 
 PAD_ID = 0
 EOS_ID = 1
+
+
 class DecodeError(ValueError):
   """Bad decoding input or settings; the message names the fix."""
 

@@ -4,7 +4,6 @@ import tensorflow as tf
 
 from routing_transformer.core import decoding
 from routing_transformer.core import sampling
-from routing_transformer.core.decoding import DecodeError
 
 # The decode hparams' "not set: use the model hparams" values.
 UNSET = {"sampling_method": "", "sampling_temp": -1.0, "sampling_keep_top_k": -2,
@@ -20,7 +19,7 @@ def sampling_settings(hparams, decode_hparams=None):
     values[name] = hparams.get(name, unset) if value == unset else value
   method = values["sampling_method"] or "argmax"
   if method not in ("argmax", "random"):
-    raise DecodeError("sampling_method=%r: use 'argmax' (greedy) or 'random'." % method)
+    raise decoding.DecodeError("sampling_method=%r: use 'argmax' (greedy) or 'random'." % method)
   given = lambda name, default: default if values[name] == UNSET[name] else values[name]
   top_p = 1.0 if values["nucleus_sampling"] is None else given("nucleus_sampling", 1.0)
   top_k = given("sampling_keep_top_k", -1)
@@ -28,7 +27,7 @@ def sampling_settings(hparams, decode_hparams=None):
   try:
     sampling.check_sampling(temperature, top_k, top_p)
   except ValueError as e:
-    raise DecodeError(str(e))
+    raise decoding.DecodeError(str(e))
   return temperature, top_k, top_p
 
 
