@@ -55,13 +55,14 @@ def test_totals_add_up(bf16):
   assert plain["block_activations"] == sum(sum(layer.values()) for layer in layers)
   n, h, f = cfg["length"], cfg["hidden"], cfg["filter"]
   assert all(layer["ffn intermediates"] == 2 * n * f * act for layer in layers)
-  checkpoints = cfg["layers"] * n * h * act
+  # each block keeps its input: the float32 residual sum before the previous block's last norm
+  checkpoints = cfg["layers"] * n * h * 4
   assert recompute["checkpoints"] == checkpoints
   assert recompute["block_activations"] == checkpoints + recompute["one_layer"]
   # the re-run block holds all it keeps without recompute (no chunks of rows)
   assert recompute["one_layer"] == max(sum(x.values()) - x["block input"] for x in layers)
   assert recompute["outside_activations"] == plain["outside_activations"]
-  assert recompute["block_activations"] < plain["block_activations"] / 10
+  assert recompute["block_activations"] < plain["block_activations"] / 8
 
 
 def test_the_output_projection_keeps_its_input_and_final_dense_1s():

@@ -208,7 +208,8 @@ def step_memory(cfg, vocab, recompute=False, bf16=False, logits_chunk=0,
   layers = [layer_activation_bytes(cfg, i, act, recompute_attention=recompute_attention,
                                    ffn_chunk=ffn_chunk) for i in range(cfg["layers"])]
   outside = sum(outside_activation_bytes(cfg, vocab, act, logits_chunk=logits_chunk).values())
-  checkpoints = sum(layer["block input"] for layer in layers)
+  # kept per block: its input, the previous block's float32 residual sum before its last norm
+  checkpoints = sum(layer["post-norm LayerNorm inputs"] // 2 for layer in layers)
   one_layer = max(sum(layer.values()) - layer["block input"] for layer in layers)
   blocks = checkpoints + one_layer if recompute else sum(sum(x.values()) for x in layers)
   activations = blocks + outside

@@ -26,12 +26,15 @@ def recompute_tensors(fn, *tensors, serial=None):
   @tf.custom_gradient
   def block(*args):
     def grad(dy):
-      with tf.control_dependencies(serial[-1:] if serial else []):
-        again = after(dy, *args)
-      with tf.GradientTape() as tape:
-        tape.watch(again)
-        y = fn(*again)
-      grads = tape.gradient(y, again, output_gradients=dy)
+      # The re-run's ops wait for dy (and the previous re-run) through control inputs of their
+      # own, not through identities of args: Grappler's arithmetic optimizer hoists identical
+      # unary ops out of a split's outputs with their control inputs, a cycle when the chunks'
+      # forward is unused (a recomputed block's feed-forward, whose value no gradient reads).
+      with tf.control_dependencies([dy] + (serial[-1:] if serial else [])):
+        with tf.GradientTape() as tape:
+          tape.watch(args)
+          y = fn(*args)
+      grads = tape.gradient(y, args, output_gradients=dy)
       if serial is not None and not tf.executing_eagerly():
         serial.append(tf.group([g for g in grads if g is not None]))
       return grads

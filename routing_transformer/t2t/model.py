@@ -244,17 +244,21 @@ class RoutingTransformer(t2t_model.T2TModel):
     """T2T's layer_postprocess of y with residual x (`process`, scope `layer_postprocess`)."""
     return self.process(x, y, self.hparams.layer_postprocess_sequence, "layer_postprocess")
 
-  def process(self, previous, x, sequence, default_name):
+  def process(self, previous, x, sequence, default_name, deferred=None):
     """T2T's `layer_prepostprocess`, step for step and in its variable scopes: "a" adds
     `previous`, "d" drops out (layer_prepostprocess_dropout), "n" normalises (`norm`). With
     bfloat16 activations and an "n" in the sequence the steps run in float32 and the result comes
-    back as bfloat16."""
+    back as bfloat16. deferred: a list; a final "n" is left out and (its variable scope, the
+    result's dtype) appended for `deferred_norm`, which applies it (the result stays float32)."""
     hparams = self.hparams
     dtype = x.dtype
     wide = dtype != tf.float32 and "n" in sequence
     with tf1.variable_scope(None, default_name=default_name):
       if sequence == "none":
         return x
+      if deferred is not None and sequence.endswith("n"):
+        deferred.append((tf1.get_variable_scope(), dtype))
+        sequence, dtype = sequence[:-1], x.dtype if not wide else tf.float32
       if wide:
         x = tf.cast(x, tf.float32)
         previous = None if previous is None else tf.cast(previous, tf.float32)
@@ -273,6 +277,13 @@ class RoutingTransformer(t2t_model.T2TModel):
                            % step)
       return tf.cast(x, dtype) if wide else x
 
+  def deferred_norm(self, x, deferred, reuse=None):
+    """The normalisation `process` left out (deferred: its (variable scope, dtype)) applied to
+    x in that scope: the same variables and values as in `process`."""
+    scope, dtype = deferred
+    with tf1.variable_scope(scope, reuse=reuse):
+      return tf.cast(self.norm(x), dtype)
+
   def norm(self, x):
     """T2T's `apply_norm` (norm_type, norm_epsilon). In training T2T's layer norm is a
     `memory.recompute_tensors` block of x and its variables (T2T's `layer_norm_vars`, the same
@@ -288,8 +299,9 @@ class RoutingTransformer(t2t_model.T2TModel):
             x, hparams.norm_epsilon, scale, bias), x, tf.convert_to_tensor(scale),
         tf.convert_to_tensor(bias))
 
-  def block(self, x, i, attend, memory_attend=None):
-    """One residual block (in scope `<prefix>_layer_<i>`); see `layer_stack`."""
+  def block(self, x, i, attend, memory_attend=None, deferred=None):
+    """One residual block (in scope `<prefix>_layer_<i>`); see `layer_stack`. deferred: a list;
+    the block's last normalisation is left out for `deferred_norm` (see `process`)."""
     hparams = self.hparams
     with tf1.variable_scope("self_attention"):
       with tf1.variable_scope("self_attention"):
@@ -301,7 +313,7 @@ class RoutingTransformer(t2t_model.T2TModel):
         x = self.postprocess(x, y)
       with tf1.variable_scope("ffn"):
         y = layers.ffn(self.preprocess(x), hparams, self.is_train)
-      x = self.postprocess(x, y)
+      x = self.process(x, y, hparams.layer_postprocess_sequence, "layer_postprocess", deferred)
     return x
 
   def stack(self, x, padding, causal, prefix, num_layers, memory=None, memory_padding=None):
@@ -333,6 +345,10 @@ class RoutingTransformer(t2t_model.T2TModel):
     The forward call of a block registers its k-means statistics and reads the centroids; the
     backward re-run (replay) registers nothing and routes with the centroids the forward read,
     so the EMA update happens once per step and the gradients equal those without recompute.
+    A block's last normalisation (post-norm, "dan") runs at the start of the next recomputed
+    block (after the last block, alone), which keeps its input, the residual sum: a re-run need
+    not compute the feed-forward's output, whose gradient is the residual's (with ffn_chunk_size
+    the chunks' forward would otherwise run three times), and keeps no more than before.
     """
     hparams = self.hparams
     random = [name for name in ("attention_dropout", "relu_dropout",
@@ -349,12 +365,17 @@ class RoutingTransformer(t2t_model.T2TModel):
         means[km.means.ref()] = tf.convert_to_tensor(km.means)
       return means[km.means.ref()]
 
+    pending = []  # the previous block's deferred normalisation: (variable scope, dtype)
+
     def wrap(x, i):
       """Block i, recomputed in the backward pass (`memory_lib.recompute`), keeping its input."""
       means = {}  # this block's centroid reads in the forward: variable ref -> tensor
+      previous, deferred = pending[:], []
 
       def run(x, *mem, replay=False):
         found = {"loss": tf.zeros([])}
+        if previous:
+          x = self.deferred_norm(x, previous[0], reuse=replay or None)
 
         def attend(y, i):
           out, loss, step = layers.self_attention(
@@ -367,11 +388,14 @@ class RoutingTransformer(t2t_model.T2TModel):
 
         memory_attend = (lambda y, i: layers.encdec_attention(y, mem[0], hparams,
                                                               memory_padding)) if mem else None
-        return self.block(x, i, attend, memory_attend), found["loss"]
+        return self.block(x, i, attend, memory_attend, [] if replay else deferred), found["loss"]
 
       inputs = [x] + ([memory_input] if memory_input is not None else [])
       y, loss = memory_lib.recompute(run, inputs, lambda: means)
       losses.append(loss)
+      pending[:] = deferred
+      if deferred and i == num_layers - 1:
+        return self.deferred_norm(y, deferred[0])
       return y
 
     x = self.layer_stack(x, prefix, num_layers, None, None, wrap=wrap)
