@@ -1,6 +1,7 @@
 """Training tokens/s against a peer: the PyPI package `routing-transformer` (PyTorch) at bench-8k.
 
     make bench-peers        # = .venv/bin/python benchmarks/peers.py [--steps 3] [--length 8192]
+                            #   [--processes N: N processes per side, medians]
 
 Not part of CI. The peer runs in its own venv, benchmarks/.venv-peers (created on first use,
 gitignored; never the main .venv): torch==2.13.0 (the CPU wheel; pip's configured find-links
@@ -47,6 +48,7 @@ the same configuration spread by a few percent (time only: that process's RSS ho
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -284,6 +286,36 @@ def interleaved_table(record):
   return "\n".join(lines)
 
 
+MEDIAN_FIELDS = ("seconds_per_step", "tokens_per_sec", "peak_rss_mb", "baseline_rss_mb")
+
+
+def median_record(records):
+  """One side's record from its processes (--processes): the first record with MEDIAN_FIELDS
+  replaced by their medians and, for more than one, "runs" holding each process's values (a
+  process's peak RSS spreads by a few hundred MB from allocator slack alone)."""
+  record = dict(records[0])
+  if len(records) > 1:
+    for key in MEDIAN_FIELDS:
+      record[key] = statistics.median(r[key] for r in records)
+    record["runs"] = [{key: r[key] for key in MEDIAN_FIELDS} for r in records]
+  return record
+
+
+def spread_lines(records):
+  """'name: peak min-max GiB, s/step min-max' for each record with several runs."""
+  lines = []
+  for name, r in records.items():
+    runs = r.get("runs")
+    if runs:
+      peaks = [run["peak_rss_mb"] / 1024.0 for run in runs]
+      times = [run["seconds_per_step"] for run in runs]
+      lines.append("%s: %d processes, peak RSS %.2f-%.2f GiB (median %.2f), s/step %.2f-%.2f "
+                   "(median %.2f)" % (name, len(runs), min(peaks), max(peaks),
+                                      r["peak_rss_mb"] / 1024.0, min(times), max(times),
+                                      r["seconds_per_step"]))
+  return lines
+
+
 def run_worker(python, kind, args, name=None):
   """Runs `kind` in a fresh process of `python`; returns its last JSON line."""
   command = [python, os.path.abspath(__file__), "--worker", kind, "--steps", str(args.steps),
@@ -304,6 +336,8 @@ def main(argv=None):
   parser.add_argument("--steps", type=int, default=3, help="timed steps per side (median)")
   parser.add_argument("--warmup", type=int, default=2)
   parser.add_argument("--length", type=int, default=8192)
+  parser.add_argument("--processes", type=int, default=1,
+                      help="processes per side, in rounds; medians of s/step, tokens/s and peak")
   parser.add_argument("--threads", type=int, default=os.cpu_count())
   parser.add_argument("--ours", default=",".join(OURS),
                       help="comma-separated configurations of ours: " + ", ".join(OURS))
@@ -364,12 +398,15 @@ def main(argv=None):
     return measured
 
   started = measure_rates("start")
-  peer = run_worker(python, "peer", args)
-  common.emit(peer)
-  mine = {}
-  for name in names:
-    mine[name] = run_worker(sys.executable, "ours", args, name)
-    common.emit(mine[name])
+  runs = {name: [] for name in ["peer"] + names}
+  for _ in range(args.processes):  # rounds: the peer, then each of ours, one process each
+    runs["peer"].append(run_worker(python, "peer", args))
+    common.emit(runs["peer"][-1])
+    for name in names:
+      runs[name].append(run_worker(sys.executable, "ours", args, name))
+      common.emit(runs[name][-1])
+  peer = median_record(runs["peer"])
+  mine = {name: median_record(runs[name]) for name in names}
   interleaved = None
   if args.interleave and len(names) > 1:
     interleaved = run_worker(sys.executable, "ours_interleaved", args, ",".join(names))
@@ -432,6 +469,9 @@ def main(argv=None):
   print("\nEach switch's bench-8k peak RSS under TF's executor (own process each):")
   print("\n".join(common.switch_table({n: r["peak_rss_mb"] for n, r in mine.items()},
                                       peer["peak_rss_mb"])))
+  if args.processes > 1:
+    print("\nMedians of %d processes per side; their spread:\n%s" % (
+        args.processes, "\n".join(spread_lines(dict(mine, peer=peer)))))
   if interleaved:
     print(interleaved_table(interleaved))
   if args.profile:

@@ -531,6 +531,24 @@ def test_steady_matmul_rate_takes_the_higher_of_start_and_end():
   assert "utilisation" not in records[1]
 
 
+def test_peers_processes_report_medians_and_their_spread():
+  """bench-peers --processes 3: a side's s/step, tokens/s and peaks are the medians of its
+  processes (one process's peak 0.5 GiB off leaves them alone), each process's values kept."""
+  peers = benchmark_module("peers")
+  runs = [dict(name="routing", seconds_per_step=t, tokens_per_sec=8192 / t, peak_rss_mb=m,
+               baseline_rss_mb=900.0 + i, parameters=7) for i, (t, m) in
+          enumerate([(5.0, 3600.0), (6.0, 4100.0), (5.5, 3700.0)])]
+  record = peers.median_record(runs)
+  assert record["seconds_per_step"] == 5.5 and record["peak_rss_mb"] == 3700.0
+  assert record["tokens_per_sec"] == pytest.approx(8192 / 5.5)
+  assert record["baseline_rss_mb"] == 901.0 and record["parameters"] == 7
+  assert [r["peak_rss_mb"] for r in record["runs"]] == [3600.0, 4100.0, 3700.0]
+  assert peers.median_record(runs[:1]) == runs[0]  # one process: its record as it is
+  (line,) = peers.spread_lines({"routing": record, "peer": peers.median_record(runs[:1])})
+  assert line.startswith("routing: 3 processes, peak RSS 3.52-4.00 GiB (median 3.61)")
+  assert "s/step 5.00-6.00 (median 5.50)" in line
+
+
 def test_interleaved_times_alternate_the_order_and_ratio_within_rounds():
   """bench-peers --interleave: every round calls each configuration once, in order in even
   rounds and reversed in odd ones, warm-up rounds untimed; a configuration's ratio is the median
