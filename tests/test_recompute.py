@@ -314,17 +314,22 @@ def test_model_chunked_ffn_equals_the_plain_step(rng, overrides):
     np.testing.assert_allclose(grads2[name], g, rtol=1e-5, atol=1e-6, err_msg=name)
 
 
-def test_grappler_optimizes_the_recomputed_chunked_ffn_step(rng):
+@pytest.mark.parametrize("overrides", [
+    dict(recompute_layers=True, ffn_chunk_size=8), dict(ffn_chunk_size=8, logits_chunk_size=8),
+    dict(recompute_layers=True, recompute_attention=True, ffn_chunk_size=8,
+         logits_chunk_size=8)], ids=["layers_ffn", "ffn_logits", "all"])
+def test_grappler_optimizes_the_steps_with_memory_switches(rng, overrides):
   """Grappler's arithmetic optimizer (which turns gelu's pow(x, 3) into multiplications; without
-  it pow took 16% of bench-8k's step) accepts the gradients of recompute_layers with
-  ffn_chunk_size, where no gradient reads the re-run block's feed-forward output: the chunks'
-  re-runs wait through control inputs, not through identities of the split's outputs, which it
-  hoisted above the split into a cycle ("couldn't be sorted in topological order")."""
+  it pow took 16% of bench-8k's step) accepts the gradients with the memory switches, e.g.
+  recompute_layers with ffn_chunk_size, where no gradient reads the re-run block's feed-forward
+  output: the chunks' re-runs wait through control inputs, not through identities of the split's
+  outputs, which it hoisted above the split into a cycle ("couldn't be sorted in topological
+  order")."""
   from tensorflow.core.protobuf import config_pb2  # pylint: disable=g-import-not-at-top
   from tensorflow.python.grappler import tf_optimizer  # pylint: disable=g-import-not-at-top
   graph = tf.Graph()
   with graph.as_default():
-    _, losses = build(tiny_hparams(recompute_layers=True, ffn_chunk_size=8), TRAIN,
+    _, losses = build(tiny_hparams(**overrides), TRAIN,
                       {"targets": random_targets(rng, length=LENGTH)})
     for grad in tf1.gradients(losses["training"], tf1.trainable_variables()):
       if grad is not None:
