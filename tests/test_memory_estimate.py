@@ -62,7 +62,8 @@ def test_totals_add_up(bf16):
   # the re-run block holds all it keeps without recompute (no chunks of rows)
   assert recompute["one_layer"] == max(sum(x.values()) - x["block input"] for x in layers)
   assert recompute["outside_activations"] == plain["outside_activations"]
-  assert recompute["block_activations"] < plain["block_activations"] / 8
+  # (bfloat16: the float32 checkpoints are twice the activations' width)
+  assert recompute["block_activations"] < plain["block_activations"] / (8 if bf16 else 10)
 
 
 def test_the_output_projection_keeps_its_input_and_final_dense_1s():

@@ -240,9 +240,10 @@ class RoutingTransformer(t2t_model.T2TModel):
     """T2T's layer_preprocess (`process`, default scope `layer_prepostprocess`)."""
     return self.process(None, x, self.hparams.layer_preprocess_sequence, "layer_prepostprocess")
 
-  def postprocess(self, x, y):
+  def postprocess(self, x, y, deferred=None):
     """T2T's layer_postprocess of y with residual x (`process`, scope `layer_postprocess`)."""
-    return self.process(x, y, self.hparams.layer_postprocess_sequence, "layer_postprocess")
+    return self.process(x, y, self.hparams.layer_postprocess_sequence, "layer_postprocess",
+                        deferred)
 
   def process(self, previous, x, sequence, default_name, deferred=None):
     """T2T's `layer_prepostprocess`, step for step and in its variable scopes: "a" adds
@@ -258,7 +259,7 @@ class RoutingTransformer(t2t_model.T2TModel):
         return x
       if deferred is not None and sequence.endswith("n"):
         deferred.append((tf1.get_variable_scope(), dtype))
-        sequence, dtype = sequence[:-1], x.dtype if not wide else tf.float32
+        sequence, dtype = sequence[:-1], tf.float32 if wide else dtype
       if wide:
         x = tf.cast(x, tf.float32)
         previous = None if previous is None else tf.cast(previous, tf.float32)
@@ -313,7 +314,7 @@ class RoutingTransformer(t2t_model.T2TModel):
         x = self.postprocess(x, y)
       with tf1.variable_scope("ffn"):
         y = layers.ffn(self.preprocess(x), hparams, self.is_train)
-      x = self.process(x, y, hparams.layer_postprocess_sequence, "layer_postprocess", deferred)
+      x = self.postprocess(x, y, deferred)
     return x
 
   def stack(self, x, padding, causal, prefix, num_layers, memory=None, memory_padding=None):
