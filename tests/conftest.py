@@ -20,11 +20,21 @@ import pytest  # pylint: disable=g-import-not-at-top,wrong-import-position
 import forked_binaries  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 
+def grappler_config():
+  """A ConfigProto whose sessions run Grappler's default rewrites in the tests too."""
+  from tensorflow.core.protobuf import config_pb2, rewriter_config_pb2  # pylint: disable=g-import-not-at-top
+  config = config_pb2.ConfigProto()
+  config.graph_options.rewrite_options.meta_optimizer_iterations = (
+      rewriter_config_pb2.RewriterConfig.TWO)
+  return config
+
+
 def _sessions_without_grappler():
   """tf.compat.v1 sessions made in the test processes run their graphs without Grappler's
   rewrites (disable_meta_optimizer): a test runs each small graph a few times, and optimising
   it costs more than running it. What a user's training runs, Grappler included, the
-  end-to-end runs through the T2T binaries (their own processes) keep."""
+  end-to-end runs through the T2T binaries (their own processes) keep. A test that needs
+  Grappler asks for it by naming its number of passes (GRAPPLER, TF's default of two)."""
   from tensorflow.core.protobuf import config_pb2  # pylint: disable=g-import-not-at-top
   from tensorflow.python.client import session as session_lib  # pylint: disable=g-import-not-at-top
   init = session_lib.Session.__init__
@@ -33,7 +43,8 @@ def _sessions_without_grappler():
     ours = config_pb2.ConfigProto()
     if config is not None:
       ours.CopyFrom(config)
-    ours.graph_options.rewrite_options.disable_meta_optimizer = True
+    if ours.graph_options.rewrite_options.meta_optimizer_iterations == 0:  # DEFAULT_NUM_ITERS
+      ours.graph_options.rewrite_options.disable_meta_optimizer = True
     init(self, target, graph, ours)
 
   session_lib.Session.__init__ = __init__

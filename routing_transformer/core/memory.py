@@ -26,15 +26,17 @@ def recompute_tensors(fn, *tensors, serial=None):
   @tf.custom_gradient
   def block(*args):
     def grad(dy):
-      # The re-run's ops wait for dy (and the previous re-run) through control inputs of their
-      # own, not through identities of args: Grappler's arithmetic optimizer hoists identical
-      # unary ops out of a split's outputs with their control inputs, a cycle when the chunks'
-      # forward is unused (a recomputed block's feed-forward, whose value no gradient reads).
+      # The re-run reads args through one IdentityN that waits for dy (and the previous
+      # re-run): a data path, which Grappler keeps, where control inputs on the re-run's own ops
+      # were dropped by its rewrites (pow(x, 3) -> x * square(x) made a square without them, run
+      # in the forward pass and kept); not through one Identity per arg, which its arithmetic
+      # optimizer hoists out of a split's outputs into a cycle (the chunks).
       with tf.control_dependencies([dy] + (serial[-1:] if serial else [])):
-        with tf.GradientTape() as tape:
-          tape.watch(args)
-          y = fn(*args)
-      grads = tape.gradient(y, args, output_gradients=dy)
+        replay = tf.identity_n(list(args))
+      with tf.GradientTape() as tape:
+        tape.watch(replay)
+        y = fn(*replay)
+      grads = tape.gradient(y, replay, output_gradients=dy)
       if serial is not None and not tf.executing_eagerly():
         serial.append(tf.group([g for g in grads if g is not None]))
       return grads
