@@ -30,6 +30,8 @@ SWITCHES = {
     "routing_chunked": {"logits_chunk_size": "chunk"},
     "routing_ffn_chunked": {"ffn_chunk_size": "ffn_chunk"},
     "routing_recompute_ffn_chunked": {"recompute_layers": True, "ffn_chunk_size": "ffn_chunk"},
+    "routing_recompute_attention_ffn_chunked": {
+        "recompute_layers": True, "recompute_attention": True, "ffn_chunk_size": "ffn_chunk"},
     "routing_recompute_chunked_attention": {  # every switch
         "recompute_layers": True, "recompute_attention": True, "logits_chunk_size": "chunk",
         "ffn_chunk_size": "ffn_chunk"},

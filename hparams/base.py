@@ -112,8 +112,9 @@ def sparse_transformer_local():
       skip_corrupt_records=False,  # True: skip corrupt/truncated TFRecords with a warning
       # Memory (core/memory.py): re-run each layer in the backward pass, keeping its input.
       recompute_layers=False,
-      # Re-run each layer's attention heads in the backward pass, keeping q, k, v (no attention
-      # dropout or random_routing); off in every set.
+      # Re-run each layer's attention heads in the backward pass, keeping q, k, v: the routing
+      # heads together, then the local heads two at a time (no attention dropout or
+      # random_routing); off in every set.
       recompute_attention=False,
       # Training loss from the output projection this many positions at a time, recomputed in
       # the backward pass (never the whole [batch, length, vocab] logits); 0: off.

@@ -155,10 +155,13 @@ def model_step(hparams, features, initial=None, mode=TRAIN):
 
 
 @pytest.mark.parametrize("overrides", [
-    {}, {"recompute_layers": True}, {"share_qk": False}, {"routing_mode": "causal_window"}])
+    {}, {"recompute_layers": True}, {"share_qk": False}, {"routing_mode": "causal_window"},
+    {"local_num_heads": 5, "sparsity_cluster_num_heads": 3},
+    {"local_num_heads": 5, "sparsity_cluster_num_heads": 3, "recompute_layers": True}])
 def test_model_gradients_with_recompute_attention_equal_the_plain_step(rng, overrides):
   """The whole training step (2 layers of local and routing heads, padding) with
-  recompute_attention, alone and inside recompute_layers: the same loss and gradients."""
+  recompute_attention, alone and inside recompute_layers: the same loss and gradients; with 5
+  local heads their groups are uneven (2, 2, 1; the first layer has local heads alone)."""
   features = {"targets": random_targets(rng, length=64, pad_from=50)}
   before, loss, grads, _ = model_step(small_hparams(**overrides), features)
   _, loss2, grads2, _ = model_step(small_hparams(recompute_attention=True, **overrides),
@@ -370,8 +373,7 @@ def test_recompute_tensors_replays_after_the_forward_pass_under_grappler(rng, ch
     geglu = lambda x, w1, w2, w3: layers.matmul(
         layers.gelu(layers.matmul(x, w1)) * layers.matmul(x, w2), w3)
     if chunk:
-      y = memory.chunked_positions(geglu, x, [tf.convert_to_tensor(w) for w in (w1, w2, w3)],
-                                   chunk)
+      y = memory.chunked(geglu, [x], [tf.convert_to_tensor(w) for w in (w1, w2, w3)], chunk)
     else:
       a, b = layers.matmul(x, w1), layers.matmul(x, w2)
       y = memory.recompute_tensors(lambda a, b, w: layers.matmul(layers.gelu(a) * b, w), a, b,

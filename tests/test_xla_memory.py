@@ -165,7 +165,8 @@ def test_configurations_set_existing_hparams():
   plain = train_step.model_hparams("routing", 1024).values()
   assert list(xla_memory.CONFIGS) == [
       "routing", "routing_attention_recompute", "routing_recompute", "routing_chunked",
-      "routing_ffn_chunked", "routing_recompute_ffn_chunked", "routing_recompute_chunked_attention",
+      "routing_ffn_chunked", "routing_recompute_ffn_chunked",
+      "routing_recompute_attention_ffn_chunked", "routing_recompute_chunked_attention",
       "routing_bf16"]
   assert xla_memory.CONFIGS == train_memory.CONFIGS
   assert benchmark_module("peers").OURS == {

@@ -223,8 +223,12 @@ def self_attention(x, hparams, layer_index, padding=None, causal=True, train=Fal
   if train and cache is None and hparams.recompute_attention:
     memory.refuse_random({"attention_dropout": dropout, "random_routing": hparams.random_routing},
                          "recompute_attention")
-    out, aux = memory.recompute_heads(attend, routing_qkv, local_qkv, routing_tables,
-                                      local_tables, options)
+    out, aux = (None, None) if routing_qkv is None else memory.recompute_heads(
+        lambda qkv, tables, kw: attend(qkv, None, tables, (None, None), kw), routing_qkv,
+        routing_tables, options)
+    if local_qkv is not None:
+      local = local_head_groups(local_qkv, local_tables, config, causal, padding, layer_index)
+      out = local if out is None else tf.concat([out, local], axis=1)
   else:
     out, aux = attend(routing_qkv, local_qkv, routing_tables, local_tables, options)
   if aux is not None:
@@ -235,6 +239,20 @@ def self_attention(x, hparams, layer_index, padding=None, causal=True, train=Fal
                                               aux["weights"])
       step = kmeans.KMeansStep(km, x_hats, clusters, aux["weights"], statistics)
   return attention_output(out, hparams), loss, step
+
+
+def local_head_groups(qkv, tables, config, causal, padding, layer_index, group=2):
+  """`recompute_attention`'s local heads [b, hl, n, d], `group` at a time (`memory.chunked`): the
+  backward pass holds one group's attention weights. tables: (relative keys, values) or Nones."""
+  present = [tf.convert_to_tensor(t) for t in tables if t is not None]
+
+  def attend(q, k, v, *read):
+    read = iter(read)
+    with heads.in_layer(layer_index):
+      return heads.local_heads_attention(q, k, v, config, causal, padding,
+                                         tuple(None if t is None else next(read) for t in tables))
+
+  return memory.chunked(attend, list(qkv), present, group)
 
 
 def self_attention_cache(hparams, layer_index, batch, length, dtype=tf.float32):
@@ -337,7 +355,7 @@ def ffn(x, hparams, train=False):
 
 
 def chunked_ffn(x, hparams, chunk):
-  """`ffn` in training `chunk` positions at a time (`memory.chunked_positions`), the same
+  """`ffn` in training `chunk` positions at a time (`memory.chunked`), the same
   variables and values; x [b, n, hidden], n static. No relu_dropout (a re-run draws anew)."""
   memory.refuse_random({"relu_dropout": hparams.relu_dropout}, "ffn_chunk_size")
   dtype, filters, hidden = x.dtype.base_dtype, hparams.filter_size, hparams.hidden_size
@@ -351,4 +369,4 @@ def chunked_ffn(x, hparams, chunk):
                list(dense_variables("conv2", filters, hidden, dtype)))
     fn = lambda x, k1, b1, k2, b2: tf.nn.bias_add(
         matmul(tf.nn.relu(tf.nn.bias_add(matmul(x, k1), b1)), k2), b2)
-  return memory.chunked_positions(fn, x, [tf.convert_to_tensor(w) for w in weights], chunk)
+  return memory.chunked(fn, [x], [tf.convert_to_tensor(w) for w in weights], chunk)

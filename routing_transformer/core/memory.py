@@ -4,8 +4,8 @@ tf.compat.v1 variables); `recompute_tensors` the same for functions of tensors a
 GradientTape: eager too). Always around small blocks whose intermediates TF's own gradients would
 keep (GEGLU's activation and output projection, each normalisation, the Shaw value term, local
 attention's key blocks); by switch around a layer (`recompute_layers`), its heads
-(`recompute_attention`), feed-forward chunks (`ffn_chunk_size`) and logits chunks
-(`logits_chunk_size`). Random numbers are not replayed: callers keep them outside a block or
+(`recompute_attention`: the routing heads together, the local heads a group at a time),
+feed-forward chunks (`ffn_chunk_size`) and logits chunks (`logits_chunk_size`). Random numbers are not replayed: callers keep them outside a block or
 refuse them."""
 import tensorflow as tf
 
@@ -44,16 +44,15 @@ def recompute_tensors(fn, *tensors, serial=None):
   return block(*tensors)
 
 
-def chunked_positions(fn, x, weights, chunk):
-  """fn(x, *weights) for a position-wise fn (x [b, n, e], n static -> [b, n, f]), `chunk`
-  positions at a time, each chunk a `recompute_tensors` block of its positions and the weights
-  whose re-run waits for the previous chunk's gradients: the backward pass keeps x alone and
-  holds one chunk's intermediates at a time (the chunked feed-forward of Kitaev et al. 2020)."""
-  bounds = chunk_bounds(x.shape[1], chunk)
-  pieces = tf.split(x, [size for _, size in bounds], axis=1)
+def chunked(fn, xs, others, chunk):
+  """fn(*xs, *others) `chunk` entries of axis 1 (static) at a time, each chunk a
+  `recompute_tensors` block re-run after the previous chunk's gradients: the backward pass holds
+  one chunk's intermediates. Positions, x [b, n, e] (Kitaev et al. 2020's chunked feed-forward),
+  or heads, q, k, v [b, h, n, d] (`recompute_attention`'s local heads)."""
+  sizes = [size for _, size in chunk_bounds(xs[0].shape[1], chunk)]
   serial = []
-  return tf.concat([recompute_tensors(fn, piece, *weights, serial=serial) for piece in pieces],
-                   axis=1)
+  return tf.concat([recompute_tensors(fn, *pieces, *others, serial=serial)
+                    for pieces in zip(*(tf.split(x, sizes, axis=1) for x in xs))], axis=1)
 
 
 def recompute(fn, inputs, substitutes=None, differentiable=None):
@@ -114,22 +113,19 @@ def _add(a, b):
   return b if a is None else a if b is None else a + b
 
 
-def recompute_heads(attend, routing_qkv, local_qkv, routing_tables, local_tables, options):
-  """attend(...) -> (heads [b, h, n, d], routing result or None), keeping only q, k, v, the tables
-  and the logit scale for the backward pass (`recompute_attention`), which routes again."""
+def recompute_heads(attend, qkv, tables, options):
+  """attend(qkv, tables, options) -> (routing heads [b, h, n, d], routing result), keeping only
+  q, k, v, the tables and the logit scale for the backward pass (`recompute_attention`), which
+  routes again."""
   scale = options.get("logit_scale")
   scale = scale if isinstance(scale, (tf.Tensor, tf.Variable)) else None
-  inputs = [tf.convert_to_tensor(t) if t is not None else None for t in
-            list(routing_qkv or (None,) * 3) + list(local_qkv or (None,) * 3) +
-            list(routing_tables) + list(local_tables) + [scale]]
+  inputs = [tf.convert_to_tensor(t) if t is not None else None
+            for t in list(qkv) + list(tables) + [scale]]
   keys, kind = [], []
 
-  def fn(rq, rk, rv, lq, lk, lv, rrk, rrv, lrk, lrv, scale, replay):
+  def fn(q, k, v, rel_k, rel_v, scale, replay):
     kw = dict(options, logit_scale=scale) if scale is not None else options
-    out, aux = attend(None if routing_qkv is None else (rq, rk, rv),
-                      None if local_qkv is None else (lq, lk, lv), (rrk, rrv), (lrk, lrv), kw)
-    if aux is None:
-      return out
+    out, aux = attend((q, k, v), (rel_k, rel_v), kw)
     items = aux._asdict() if hasattr(aux, "_asdict") else dict(aux)  # Routed, or causal_window's
     if not replay:
       kind.append(type(aux))
@@ -137,8 +133,6 @@ def recompute_heads(attend, routing_qkv, local_qkv, routing_tables, local_tables
     return (out, items["commitment_loss"]) + tuple(items[k] for k in keys)
 
   result = recompute(fn, inputs, differentiable=2)
-  if not isinstance(result, tuple):
-    return result, None
   values = dict(zip(keys, result[2:]), commitment_loss=result[1])
   return result[0], values if kind[0] is dict else kind[0](**values)
 
