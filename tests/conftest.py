@@ -22,7 +22,8 @@ import forked_binaries  # pylint: disable=g-import-not-at-top,wrong-import-posit
 
 def grappler_config():
   """A ConfigProto whose sessions run Grappler's default rewrites in the tests too."""
-  from tensorflow.core.protobuf import config_pb2, rewriter_config_pb2  # pylint: disable=g-import-not-at-top
+  from tensorflow.core.protobuf import config_pb2  # pylint: disable=g-import-not-at-top
+  from tensorflow.core.protobuf import rewriter_config_pb2  # pylint: disable=g-import-not-at-top
   config = config_pb2.ConfigProto()
   config.graph_options.rewrite_options.meta_optimizer_iterations = (
       rewriter_config_pb2.RewriterConfig.TWO)
@@ -34,7 +35,7 @@ def _sessions_without_grappler():
   rewrites (disable_meta_optimizer): a test runs each small graph a few times, and optimising
   it costs more than running it. What a user's training runs, Grappler included, the
   end-to-end runs through the T2T binaries (their own processes) keep. A test that needs
-  Grappler asks for it by naming its number of passes (GRAPPLER, TF's default of two)."""
+  Grappler asks for it with `grappler_config()`, which names its number of passes."""
   from tensorflow.core.protobuf import config_pb2  # pylint: disable=g-import-not-at-top
   from tensorflow.python.client import session as session_lib  # pylint: disable=g-import-not-at-top
   init = session_lib.Session.__init__

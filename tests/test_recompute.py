@@ -360,9 +360,9 @@ def test_chunked_ffn_refuses_relu_dropout_and_bad_sizes(rng):
 def test_recompute_tensors_replays_after_the_forward_pass_under_grappler(rng, chunk):
   """recompute_tensors' re-run (GEGLU's, as in layers.ffn) runs in the backward pass in a session
   with Grappler's default rewrites: no tensor of the block's size under its gradient is computed
-  before the forward pass ends. Control inputs on the re-run's ops were not enough: the arithmetic optimizer
-  turned gelu's pow(a, 3) into a * square(a) with a new square without them, which the executor
-  ran in the forward pass and kept (64 MiB per layer at bench-8k)."""
+  before the forward pass ends. Control inputs on the re-run's ops were not enough: the
+  arithmetic optimizer turned gelu's pow(a, 3) into a * square(a) with a new square without
+  them, which the executor ran in the forward pass and kept (64 MiB per layer at bench-8k)."""
   from routing_transformer.core import layers  # pylint: disable=g-import-not-at-top
   n, e, f = 256, 32, 256
   graph = tf.Graph()

@@ -5,8 +5,8 @@ GradientTape: eager too). Always around small blocks whose intermediates TF's ow
 keep (GEGLU's activation and output projection, each normalisation, the Shaw value term, local
 attention's key blocks); by switch around a layer (`recompute_layers`), its heads
 (`recompute_attention`: the routing heads together, the local heads a group at a time),
-feed-forward chunks (`ffn_chunk_size`) and logits chunks (`logits_chunk_size`). Random numbers are not replayed: callers keep them outside a block or
-refuse them."""
+feed-forward chunks (`ffn_chunk_size`) and logits chunks (`logits_chunk_size`). Random numbers
+are not replayed: callers keep them outside a block or refuse them."""
 import tensorflow as tf
 
 tf1 = tf.compat.v1

@@ -122,7 +122,7 @@ def refuse_xla_inert_switches(hparams):
         if getattr(hparams, name)]
   if on:
     raise HParamsError(
-        "%s: save no memory on TPU (at most 4%%): XLA merges their recomputation with the "
+        "%s: save at most 4%% of memory on TPU: XLA merges their recomputation with the "
         "forward pass (benchmarks/xla_memory.py); unset them with --use_tpu "
         "(activation_dtype=bfloat16 remains)" % ", ".join(on))
 
